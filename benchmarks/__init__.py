@@ -1,0 +1,1 @@
+"""Benchmarks for trajforge (not part of the test suite)."""

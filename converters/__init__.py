@@ -1,0 +1,1 @@
+"""Converters: public agent-dataset records -> interlingua, and interlingua -> training formats."""

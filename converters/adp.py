@@ -1,0 +1,249 @@
+"""ADP-standardized trajectories <-> interlingua, lossless in both directions.
+
+Raw format (one JSON object per trajectory, Agent Data Protocol):
+- `id`: trajectory id.
+- `content`: ordered list of steps, each tagged by `class_` (api_action, code_action,
+  message_action, text_observation, image_observation, web_observation, json_observation).
+- `details`: free-form metadata (str -> str in the first release, any JSON later).
+- `schema_version` (newer releases): e.g. "1.3.0"; absent in the first release.
+- `available_apis` / `available_custom_tools` (optional): names of the custom tools offered.
+- `available_code_languages` (optional): languages the trajectory's code actions use.
+
+Whatever has no field of its own (unknown keys, which optional keys were present) is kept
+in step `extra` / trajectory `details["_adp"]`, so `to_adp(from_adp(x)) == x`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from converters.errors import ConversionError
+from converters.ids import stable_id
+from converters.registry import register
+from schemas.models import ImageRef, Provenance, Trajectory
+
+_ADP_META = "_adp"  # key in details for trajectory-level layout facts
+_KEYS = "_adp_keys"  # key in step extra: the exact key set of the source object
+_FIRST_RELEASE = "adp-0"
+
+# Keys each class always carries in the ADP layout; optional keys are written only when set.
+_BASE_KEYS: dict[str, tuple[str, ...]] = {
+    "api_action": ("class_", "function", "kwargs", "description"),
+    "code_action": ("class_", "language", "content", "description"),
+    "message_action": ("class_", "content", "description"),
+    "text_observation": ("class_", "content", "source", "name"),
+    "json_observation": ("class_", "content", "source", "name"),
+    "image_observation": ("class_", "content", "source", "annotations"),
+    "web_observation": ("class_", "html", "axtree", "url", "image_observation", "viewport_size"),
+}
+_OPTIONAL_KEYS = ("tool_call_id", "reasoning_content", "reward")
+_KIND_OF_CLASS = {
+    "api_action": "api",
+    "code_action": "code",
+    "message_action": "message",
+    "text_observation": "text",
+    "json_observation": "json",
+    "image_observation": "image",
+    "web_observation": "web",
+}
+_CLASS_OF_KIND = {v: k for k, v in _KIND_OF_CLASS.items()}
+_TOP_KEYS = ("id", "content", "details")
+
+
+def _image_from_adp(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"path": obj["content"], "source": obj.get("source") or "environment", "annotations": obj.get("annotations")}
+
+
+def _image_to_adp(image: ImageRef) -> dict[str, Any]:
+    annotations = None if image.annotations is None else [a.model_dump() for a in image.annotations]
+    return {"class_": "image_observation", "content": image.path, "source": image.source, "annotations": annotations}
+
+
+def _default_keys(obj: dict[str, Any]) -> list[str]:
+    cls = obj["class_"]
+    return list(_BASE_KEYS[cls]) + [k for k in _OPTIONAL_KEYS if obj.get(k) is not None]
+
+
+def step_from_adp(obj: dict[str, Any]) -> dict[str, Any]:
+    """One ADP step object -> the interlingua step's dict form."""
+    if not isinstance(obj, dict):
+        raise ConversionError(f"step is {type(obj).__name__}, expected an object")
+    cls = obj.get("class_")
+    if cls not in _KIND_OF_CLASS:
+        raise ConversionError(f"unknown step class_ {cls!r}")
+    kind = _KIND_OF_CLASS[cls]
+    step: dict[str, Any] = {"kind": kind}
+    consumed = {"class_", *_OPTIONAL_KEYS}
+    if obj.get("tool_call_id") is not None:
+        step["tool_call_id"] = obj["tool_call_id"]
+    if obj.get("reward") is not None:
+        step["reward"] = obj["reward"]
+    if kind in ("api", "code", "message"):
+        step["thought"] = obj.get("description")
+        step["reasoning"] = obj.get("reasoning_content")
+        consumed.add("description")
+    if kind == "api":
+        step["function"] = obj.get("function")
+        step["arguments"] = obj.get("kwargs") if obj.get("kwargs") is not None else {}
+        consumed |= {"function", "kwargs"}
+    elif kind == "code":
+        step["language"] = obj.get("language")
+        step["content"] = obj.get("content")
+        consumed |= {"language", "content"}
+    elif kind == "message":
+        step["content"] = obj.get("content")
+        consumed.add("content")
+    elif kind in ("text", "json"):
+        step["content"] = obj.get("content")
+        step["source"] = obj.get("source")
+        step["name"] = obj.get("name")
+        consumed |= {"content", "source", "name"}
+    elif kind == "image":
+        step["image"] = _image_from_adp(obj)
+        consumed |= {"content", "source", "annotations"}
+    elif kind == "web":
+        step["url"] = obj.get("url")
+        step["html"] = obj.get("html")
+        step["axtree"] = obj.get("axtree")
+        screenshot = obj.get("image_observation")
+        step["screenshot"] = _image_from_adp(screenshot) if screenshot else None
+        viewport = obj.get("viewport_size")
+        step["viewport"] = tuple(viewport) if viewport is not None else None
+        consumed |= {"url", "html", "axtree", "image_observation", "viewport_size"}
+    extra = {k: v for k, v in obj.items() if k not in consumed}
+    if set(obj) != set(_default_keys(obj)) | set(extra):
+        extra[_KEYS] = list(obj)
+    if extra:
+        step["extra"] = extra
+    return step
+
+
+def step_to_adp(step: Any) -> dict[str, Any]:
+    """One interlingua step -> the ADP step object."""
+    kind = step.kind
+    out: dict[str, Any] = {"class_": _CLASS_OF_KIND[kind]}
+    if kind in ("api", "code", "message"):
+        out["description"] = step.thought
+        if step.reasoning is not None:
+            out["reasoning_content"] = step.reasoning
+    if kind == "api":
+        out["function"] = step.function
+        out["kwargs"] = step.arguments
+    elif kind in ("code", "message"):
+        out["content"] = step.content
+        if kind == "code":
+            out["language"] = step.language
+    elif kind in ("text", "json"):
+        out.update(content=step.content, source=step.source, name=step.name)
+    elif kind == "image":
+        out = _image_to_adp(step.image)
+    elif kind == "web":
+        out.update(
+            url=step.url,
+            html=step.html,
+            axtree=step.axtree,
+            image_observation=_image_to_adp(step.screenshot) if step.screenshot else None,
+            viewport_size=list(step.viewport) if step.viewport is not None else None,
+        )
+    if step.tool_call_id is not None:
+        out["tool_call_id"] = step.tool_call_id
+    if step.reward is not None:
+        out["reward"] = step.reward
+    extra = dict(step.extra)
+    keys = extra.pop(_KEYS, None)
+    out.update(extra)
+    if keys is not None:
+        out = {k: out.get(k) for k in keys}
+    return out
+
+
+def from_adp(record: Any, source: str = "adp") -> Trajectory:
+    """Convert one ADP-standardized trajectory (first release or versioned) to the interlingua."""
+    if not isinstance(record, dict):
+        raise ConversionError(f"record is {type(record).__name__}, expected an object")
+    record_id = record.get("id")
+    if not isinstance(record_id, str) or not record_id:
+        raise ConversionError("missing or empty string `id`")
+    content = record.get("content")
+    if not isinstance(content, list):
+        raise ConversionError(f"record {record_id!r}: `content` must be a list")
+    details = record.get("details", {})
+    if not isinstance(details, dict):
+        raise ConversionError(f"record {record_id!r}: `details` must be an object")
+    details = dict(details)
+    version = record.get("schema_version")
+    meta: dict[str, Any] = {}
+    tool_key = next((k for k in ("available_custom_tools", "available_apis") if k in record), None)
+    tool_names = record.get(tool_key) if tool_key else None
+    if tool_key:
+        meta["tools_key"] = tool_key
+        if tool_names is None:
+            meta["tools_null"] = True
+    known = {*_TOP_KEYS, "schema_version", "available_custom_tools", "available_apis"}
+    extra_top = {k: v for k, v in record.items() if k not in known}
+    if extra_top:
+        meta["extra"] = extra_top
+    written = {*_TOP_KEYS, *extra_top, *([tool_key] if tool_key else []), *(["schema_version"] if version else [])}
+    if set(record) != written:
+        meta["keys"] = list(record)
+    if meta:
+        details[_ADP_META] = meta
+    try:
+        steps = [step_from_adp(obj) for obj in content]
+    except ConversionError as exc:
+        raise ConversionError(f"record {record_id!r}: {exc}") from None
+    try:
+        return Trajectory.model_validate(
+            {
+                "id": stable_id(source, record_id, record),
+                "source": source,
+                "steps": steps,
+                "tools": [{"name": name} for name in tool_names or []],
+                "provenance": Provenance(
+                    source_dataset=source,
+                    source_id=record_id,
+                    source_format=f"adp-{version}" if version else _FIRST_RELEASE,
+                ),
+                "details": details,
+            }
+        )
+    except ValidationError as exc:
+        raise ConversionError(f"record {record_id!r}: {_summarize(exc)}") from None
+
+
+def to_adp(t: Trajectory) -> dict[str, Any]:
+    """Write an interlingua trajectory as an ADP-standardized object (the layout it came from)."""
+    details = dict(t.details)
+    meta = details.pop(_ADP_META, {})
+    out: dict[str, Any] = {}
+    fmt = t.provenance.source_format or ""
+    if fmt.startswith("adp-") and fmt != _FIRST_RELEASE:
+        out["schema_version"] = fmt.removeprefix("adp-")
+    out["id"] = t.provenance.source_id if t.provenance.source_id is not None else t.id
+    out["content"] = [step_to_adp(s) for s in t.steps]
+    out["details"] = details
+    tool_key = meta.get("tools_key")
+    if tool_key or t.tools:
+        names = None if meta.get("tools_null") else [tool.name for tool in t.tools]
+        out[tool_key or "available_custom_tools"] = names
+    out.update(meta.get("extra", {}))
+    keys = meta.get("keys")
+    if keys is not None:
+        out = {k: out.get(k) for k in keys}
+    return out
+
+
+def _summarize(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+@register("adp", sources=["neulab/agent-data-protocol (standardized)"])
+def convert(record: Any) -> Trajectory:
+    return from_adp(record)

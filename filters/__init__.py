@@ -1,0 +1,1 @@
+"""Verifiers, judges and filters: rule checks, tool-call schema checks, step verification, outcome judges, dedup."""

@@ -1,0 +1,1 @@
+"""Prefect flows and deployments that chain the stages, and the `trajforge` CLI."""

@@ -1,0 +1,1 @@
+"""The interlingua: pydantic models, their JSON Schema and Arrow schema, and the shard store."""

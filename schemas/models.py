@@ -1,0 +1,227 @@
+"""The interlingua as pydantic models: trajectories, preference pairs, quarantined inputs.
+
+A trajectory follows the Agent Data Protocol (ADP): an id plus an ordered list of
+agent actions (api / code / message) and observations (text / json / image / web),
+extended with what training needs: tools, outcome reward, per-step labels and loss
+masks, and provenance.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "1.0"
+
+Origin = Literal["user", "agent", "environment"]
+StepLabel = Literal["good", "bad", "unknown"]
+
+
+def _as_utc(value: datetime) -> datetime:
+    # Parquet stores UTC timestamps; normalise so records compare equal after a round trip.
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class BoundingBox(_Model):
+    x: float
+    y: float
+    width: float
+    height: float
+
+
+class Annotation(_Model):
+    """A labelled UI element on a screenshot."""
+
+    text: str
+    element_type: str
+    bounding_box: BoundingBox
+
+
+class ImageRef(_Model):
+    """A reference to an image file (never the pixels), with optional UI annotations."""
+
+    path: str
+    source: Origin = "environment"
+    annotations: list[Annotation] | None = None
+
+
+class _Step(_Model):
+    """Fields every step carries, whatever its kind."""
+
+    tool_call_id: str | None = None
+    reward: float | None = None
+    # Per-step label from step verification; feeds KTO.
+    label: StepLabel = "unknown"
+    # Loss mask: False keeps the step as context but trains nothing on it.
+    train: bool = True
+    # Free-form extras that have no field (kept so converters stay lossless).
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Action(_Step):
+    # The short thought that precedes the action (ADP `description`).
+    thought: str | None = None
+    # Long hidden chain of thought, e.g. a <think> block (ADP `reasoning_content`).
+    reasoning: str | None = None
+
+
+class ApiAction(_Action):
+    """A function / tool call with keyword arguments."""
+
+    kind: Literal["api"] = "api"
+    function: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class CodeAction(_Action):
+    """Code the agent runs in some language."""
+
+    kind: Literal["code"] = "code"
+    language: str
+    content: str
+
+
+class MessageAction(_Action):
+    """Text the agent sends to the user (a final answer, a question)."""
+
+    kind: Literal["message"] = "message"
+    content: str
+
+
+class TextObservation(_Step):
+    """Text the agent receives: a user turn, tool output, terminal output, system text."""
+
+    kind: Literal["text"] = "text"
+    content: str
+    source: Origin
+    name: str | None = None
+
+
+class JsonObservation(_Step):
+    """Structured tool output."""
+
+    kind: Literal["json"] = "json"
+    content: Any
+    source: Origin = "environment"
+    name: str | None = None
+
+
+class ImageObservation(_Step):
+    """An image the agent receives (a screenshot, a photo)."""
+
+    kind: Literal["image"] = "image"
+    image: ImageRef
+
+
+class WebObservation(_Step):
+    """A web page state: url, html and/or accessibility tree, optional screenshot."""
+
+    kind: Literal["web"] = "web"
+    url: str | None = None
+    html: str | None = None
+    axtree: str | None = None
+    screenshot: ImageRef | None = None
+    viewport: tuple[int, int] | None = None
+
+
+Action = Union[ApiAction, CodeAction, MessageAction]
+Observation = Union[TextObservation, JsonObservation, ImageObservation, WebObservation]
+Step = Annotated[
+    Union[ApiAction, CodeAction, MessageAction, TextObservation, JsonObservation, ImageObservation, WebObservation],
+    Field(discriminator="kind"),
+]
+ACTION_KINDS = frozenset({"api", "code", "message"})
+OBSERVATION_KINDS = frozenset({"text", "json", "image", "web"})
+
+
+class Tool(_Model):
+    """A tool the agent may call: name, description, JSON Schema of its parameters."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Provenance(_Model):
+    """Where a record came from: a source dataset or a generation method, and how."""
+
+    method: str | None = None
+    source_dataset: str | None = None
+    # The record's id upstream (ids there need not be unique; ours are).
+    source_id: str | None = None
+    # The format the record was read from, e.g. "adp-0" or "adp-1.3.0"; lets writers
+    # reproduce the original layout.
+    source_format: str | None = None
+    model: str | None = None
+    prompt_template_hash: str | None = None
+    seed: int | None = None
+    task_id: str | None = None
+    parent_ids: list[str] = Field(default_factory=list)
+    trajforge_version: str | None = None
+    created_at: UtcDatetime | None = None
+
+
+class Trajectory(_Model):
+    """One agent trajectory: ordered actions and observations plus training metadata."""
+
+    id: str = Field(min_length=1)
+    source: str = Field(min_length=1, description="Dataset or generation method the record comes from.")
+    steps: list[Step] = Field(default_factory=list)
+    tools: list[Tool] = Field(default_factory=list)
+    reward: float | None = None
+    success: bool | None = None
+    provenance: Provenance = Field(default_factory=Provenance)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Pair(_Model):
+    """A preference pair: two trajectories that share their first `prefix_len` steps."""
+
+    id: str = Field(min_length=1)
+    chosen_id: str = Field(min_length=1)
+    rejected_id: str = Field(min_length=1)
+    prefix_len: int = Field(ge=0, description="Number of leading steps both trajectories share.")
+    source: str = Field(min_length=1)
+    # "trajectory" for whole-continuation pairs, "step" for single-step pairs.
+    level: Literal["trajectory", "step"] = "trajectory"
+    chosen_reward: float | None = None
+    rejected_reward: float | None = None
+    provenance: Provenance = Field(default_factory=Provenance)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Quarantined(_Model):
+    """An input that could not be parsed, converted or validated, kept with the reason."""
+
+    id: str = Field(min_length=1)
+    stage: str
+    error: str
+    raw: str = Field(description="The raw input as a JSON string (or its repr when not JSON).")
+    location: str | None = Field(default=None, description="Input file and line / row / key.")
+    created_at: UtcDatetime | None = None
+
+
+class FilterDecision(_Model):
+    """Why a filter dropped a record."""
+
+    filter: str
+    reason: str
+    score: float | None = None
+
+
+class Filtered(_Model):
+    """A trajectory a filter dropped, kept with the decision so nothing vanishes."""
+
+    record: Trajectory
+    decision: FilterDecision

@@ -1,0 +1,429 @@
+"""The shard store: a dataset directory of zstd Parquet shards plus a manifest.
+
+Layout: `trajectories/`, `pairs/`, `quarantine/`, `filtered/` and `_manifest.json`.
+Work is written in *units* (an input chunk, a batch of tasks). A unit's shards are
+written under hidden temp names, renamed when the unit completes, and only then
+recorded in the manifest, in one locked atomic update. Readers see only shards the
+manifest lists, so a killed writer leaves nothing partial visible, and a re-run
+skips finished units and rewrites unfinished ones from scratch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.arrow import FROM_ROW, TABLE_SCHEMAS, TO_ROW
+from schemas.models import SCHEMA_VERSION
+
+MANIFEST = "_manifest.json"
+TABLES = tuple(TABLE_SCHEMAS)
+FORMAT = "trajforge-dataset"
+TEMP_PREFIX = ".tmp-"
+DEFAULT_MAX_ROWS = 100_000
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+# Rows buffered before they become one Parquet row group.
+ROW_GROUP_ROWS = 2_000
+
+
+class StoreError(Exception):
+    """An expected problem with a dataset directory; the message names the file and the problem."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.{uuid.uuid4().hex}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _new_manifest(config_hash: str | None, stage: str | None) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "stage": stage,
+        "config_hash": config_hash,
+        "complete": False,
+        "created_at": _now(),
+        "updated_at": _now(),
+        "units": {},
+        "counts": {},
+    }
+
+
+class Dataset:
+    """A dataset directory. Open it with `Dataset.open` (reading) or `Dataset.create` (a stage's output)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.manifest_path = self.path / MANIFEST
+
+    # ---- opening -----------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> "Dataset":
+        """Open an existing dataset for reading; raises StoreError if it is not a valid one."""
+        ds = cls(Path(path))
+        if not ds.path.is_dir():
+            raise StoreError(f"{ds.path}: no such dataset directory")
+        if not ds.manifest_path.exists():
+            raise StoreError(f"{ds.manifest_path}: missing manifest; {ds.path} is not a trajforge dataset")
+        ds.manifest()  # validates
+        return ds
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        stage: str | None = None,
+        config_hash: str | None = None,
+        overwrite: bool = False,
+    ) -> "Dataset":
+        """Open a stage's output for writing, creating it if needed.
+
+        An existing output written with another config hash is refused (its finished units
+        would not match this run) unless `overwrite`, which starts it afresh.
+        """
+        ds = cls(Path(path))
+        ds.path.mkdir(parents=True, exist_ok=True)
+        for table in TABLES:
+            (ds.path / table).mkdir(exist_ok=True)
+        with ds._locked():
+            if ds.manifest_path.exists() and not overwrite:
+                manifest = ds._read_manifest()
+                if config_hash and manifest.get("config_hash") not in (None, config_hash):
+                    raise StoreError(
+                        f"{ds.manifest_path}: written with config hash {manifest['config_hash']}, "
+                        f"this run has {config_hash}; use another output directory or overwrite it"
+                    )
+                if config_hash and manifest.get("config_hash") is None:
+                    manifest["config_hash"] = config_hash
+                    ds._write_manifest(manifest)
+            else:
+                if overwrite:
+                    ds._remove_all_shards()
+                ds._write_manifest(_new_manifest(config_hash, stage))
+        return ds
+
+    # ---- manifest ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # One lock file serialises manifest updates from concurrent writers (threads, processes).
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / ".manifest.lock", "a+") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def _read_manifest(self) -> dict[str, Any]:
+        try:
+            raw = self.manifest_path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"{self.manifest_path}: cannot read manifest ({exc.strerror})") from None
+        try:
+            manifest = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise StoreError(f"{self.manifest_path}: manifest is truncated or not JSON ({exc})") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise StoreError(f"{self.manifest_path}: not a trajforge manifest (no format {FORMAT!r})")
+        version = manifest.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.manifest_path}: schema version {version!r} is not supported "
+                f"(this trajforge reads {SCHEMA_VERSION!r})"
+            )
+        if not isinstance(manifest.get("units"), dict):
+            raise StoreError(f"{self.manifest_path}: manifest has no units table")
+        return manifest
+
+    def _write_manifest(self, manifest: dict[str, Any]) -> None:
+        manifest["updated_at"] = _now()
+        _atomic_write(self.manifest_path, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+
+    def manifest(self) -> dict[str, Any]:
+        return self._read_manifest()
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Set top-level manifest fields (e.g. `complete`, `counts`) under the lock."""
+        with self._locked():
+            manifest = self._read_manifest()
+            manifest.update(fields)
+            self._write_manifest(manifest)
+
+    def mark_complete(self, counts: dict[str, Any] | None = None) -> None:
+        self.update_manifest(complete=True, counts=counts or {}, completed_at=_now())
+
+    @property
+    def config_hash(self) -> str | None:
+        return self.manifest().get("config_hash")
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest().get("complete"))
+
+    # ---- units -------------------------------------------------------------------
+
+    def finished_units(self) -> dict[str, Any]:
+        return self.manifest()["units"]
+
+    def is_finished(self, unit: str) -> bool:
+        return unit in self.finished_units()
+
+    def unit(self, name: str, **limits: int) -> "UnitWriter":
+        """A writer for one unit of work; use as a context manager."""
+        return UnitWriter(self, name, **limits)
+
+    def _commit_unit(self, name: str, shards: dict[str, list[dict[str, Any]]], counts: dict[str, int]) -> None:
+        with self._locked():
+            manifest = self._read_manifest()
+            if name in manifest["units"]:
+                # Another attempt finished this unit first; drop our copy so nothing appears twice.
+                for entries in shards.values():
+                    for entry in entries:
+                        with contextlib.suppress(FileNotFoundError):
+                            (self.path / entry["tmp"]).unlink()
+                return
+            for entries in shards.values():
+                for entry in entries:
+                    os.replace(self.path / entry.pop("tmp"), self.path / entry["file"])
+            manifest["units"][name] = {"tables": shards, "counts": counts, "finished_at": _now()}
+            self._write_manifest(manifest)
+
+    def recover(self) -> list[Path]:
+        """Remove leftovers of killed writers: temp files and shards no finished unit lists."""
+        listed = {entry["file"] for unit in self.finished_units().values() for es in unit["tables"].values() for entry in es}
+        removed = []
+        for table in TABLES:
+            folder = self.path / table
+            if not folder.is_dir():
+                continue
+            for file in folder.iterdir():
+                rel = f"{table}/{file.name}"
+                if file.name.startswith(TEMP_PREFIX) or (file.suffix == ".parquet" and rel not in listed):
+                    file.unlink()
+                    removed.append(file)
+        return removed
+
+    def _remove_all_shards(self) -> None:
+        for table in TABLES:
+            folder = self.path / table
+            for file in folder.glob("*.parquet"):
+                file.unlink()
+            for file in folder.glob(f"{TEMP_PREFIX}*"):
+                file.unlink()
+
+    # ---- reading -----------------------------------------------------------------
+
+    def shard_files(self, table: str = "trajectories") -> list[Path]:
+        _check_table(table)
+        files = [
+            self.path / entry["file"]
+            for unit in self.finished_units().values()
+            for entry in unit["tables"].get(table, [])
+        ]
+        return sorted(files)
+
+    def checked_shard_files(self, table: str = "trajectories") -> list[Path]:
+        """The shard files, after checking each one's footer: readable and of the table's schema."""
+        files = self.shard_files(table)
+        for file in files:
+            _check_schema(file, _open_parquet(file).schema_arrow, TABLE_SCHEMAS[table])
+        return files
+
+    def count(self, table: str = "trajectories") -> int:
+        return sum(
+            entry["rows"] for unit in self.finished_units().values() for entry in unit["tables"].get(table, [])
+        )
+
+    def iter_batches(
+        self, table: str = "trajectories", *, columns: list[str] | None = None, batch_size: int = 4096
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream record batches of one table, file by file (memory bounded by the batch size)."""
+        expected = TABLE_SCHEMAS[table]
+        for file in self.shard_files(table):
+            parquet = _open_parquet(file)
+            _check_schema(file, parquet.schema_arrow, expected)
+            try:
+                yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise StoreError(f"{file}: corrupt Parquet data ({exc})") from None
+
+    def iter_rows(self, table: str = "trajectories", **kwargs: Any) -> Iterator[dict[str, Any]]:
+        for batch in self.iter_batches(table, **kwargs):
+            yield from batch.to_pylist()
+
+    def iter_records(self, table: str = "trajectories", *, batch_size: int = 1024) -> Iterator[Any]:
+        """Stream validated models (Trajectory, Pair, Quarantined or Filtered)."""
+        from_row = FROM_ROW[table]
+        for row in self.iter_rows(table, batch_size=batch_size):
+            yield from_row(row)
+
+    def ids(self, table: str = "trajectories") -> set[str]:
+        return {i for batch in self.iter_batches(table, columns=["id"]) for i in batch.column(0).to_pylist()}
+
+    def unit_counts(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for unit in self.finished_units().values():
+            total.update(unit.get("counts", {}))
+        return total
+
+
+def _check_table(table: str) -> None:
+    if table not in TABLE_SCHEMAS:
+        raise StoreError(f"unknown table {table!r}; tables are {', '.join(TABLES)}")
+
+
+def _open_parquet(file: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(file)
+    except FileNotFoundError:
+        raise StoreError(f"{file}: shard listed in the manifest is missing") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise StoreError(f"{file}: not a readable Parquet file ({exc})") from None
+
+
+def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:
+    if actual.names != expected.names:
+        raise StoreError(f"{file}: foreign Parquet schema (columns {actual.names}, expected {expected.names})")
+    for field in expected:
+        if not actual.field(field.name).type.equals(field.type):
+            raise StoreError(
+                f"{file}: column {field.name!r} has type {actual.field(field.name).type}, expected {field.type}"
+            )
+
+
+class UnitWriter:
+    """Streams records of one unit of work into shards of bounded rows and bytes, per table.
+
+    Nothing becomes visible until the unit closes without error; then all its shards are
+    renamed and listed in the manifest together.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        name: str,
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        row_group_rows: int = ROW_GROUP_ROWS,
+    ) -> None:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"bad unit name {name!r}")
+        self.dataset = dataset
+        self.name = name
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.row_group_rows = min(row_group_rows, max_rows)
+        self.counts: Counter[str] = Counter()
+        self._token = uuid.uuid4().hex[:8]
+        self._buffers: dict[str, list[dict[str, Any]]] = {}
+        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._current: dict[str, dict[str, Any]] = {}
+        self._shards: dict[str, list[dict[str, Any]]] = {}
+
+    def __enter__(self) -> "UnitWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def write(self, table: str, record: Any) -> None:
+        """Add one model (Trajectory, Pair, Quarantined, Filtered) to `table`."""
+        self.write_row(table, TO_ROW[table](record))
+
+    def write_row(self, table: str, row: dict[str, Any]) -> None:
+        """Add one row already in the table's Arrow layout (the fast path)."""
+        buffer = self._buffers.setdefault(table, [])
+        buffer.append(row)
+        self.counts[table] += 1
+        if len(buffer) >= self.row_group_rows:
+            self._flush(table)
+
+    def write_many(self, table: str, records: Iterable[Any]) -> None:
+        for record in records:
+            self.write(table, record)
+
+    def _flush(self, table: str) -> None:
+        buffer = self._buffers.get(table)
+        if not buffer:
+            return
+        schema = TABLE_SCHEMAS[table]
+        start = 0
+        while start < len(buffer):
+            current = self._current.get(table) or self._open_shard(table)
+            room = self.max_rows - current["rows"]
+            chunk = buffer[start : start + room]
+            start += len(chunk)
+            batch = pa.RecordBatch.from_pylist(chunk, schema=schema)
+            self._writers[table].write_batch(batch)
+            current["rows"] += len(chunk)
+            if current["rows"] >= self.max_rows or self._size(current) >= self.max_bytes:
+                self._close_shard(table)
+        buffer.clear()
+
+    def _open_shard(self, table: str) -> dict[str, Any]:
+        seq = len(self._shards.get(table, []))
+        file = f"{table}/{self.name}-{seq:05d}.parquet"
+        tmp = f"{table}/{TEMP_PREFIX}{self.name}-{seq:05d}-{self._token}.parquet"
+        self._writers[table] = pq.ParquetWriter(
+            self.dataset.path / tmp, TABLE_SCHEMAS[table], compression="zstd", write_statistics=["id"]
+        )
+        self._current[table] = {"file": file, "tmp": tmp, "rows": 0}
+        return self._current[table]
+
+    def _size(self, current: dict[str, Any]) -> int:
+        with contextlib.suppress(FileNotFoundError):
+            return (self.dataset.path / current["tmp"]).stat().st_size
+        return 0
+
+    def _close_shard(self, table: str) -> None:
+        writer = self._writers.pop(table)
+        writer.close()
+        current = self._current.pop(table)
+        with open(self.dataset.path / current["tmp"], "rb") as fh:
+            os.fsync(fh.fileno())
+        current["bytes"] = self._size(current)
+        self._shards.setdefault(table, []).append(current)
+
+    def commit(self) -> None:
+        for table in list(self._buffers):
+            self._flush(table)
+        for table in list(self._writers):
+            self._close_shard(table)
+        self.dataset._commit_unit(self.name, self._shards, dict(self.counts))
+
+    def abort(self) -> None:
+        for writer in self._writers.values():
+            with contextlib.suppress(Exception):
+                writer.close()
+        for entries in [*self._shards.values(), *([c] for c in self._current.values())]:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.dataset.path / entry["tmp"]).unlink()
+        self._writers.clear()
+        self._current.clear()
+        self._shards.clear()
