@@ -193,7 +193,9 @@ class Dataset:
         """A writer for one unit of work; use as a context manager."""
         return UnitWriter(self, name, **limits)
 
-    def _commit_unit(self, name: str, shards: dict[str, list[dict[str, Any]]], counts: dict[str, int]) -> None:
+    def _commit_unit(
+        self, name: str, shards: dict[str, list[dict[str, Any]]], counts: dict[str, int], meta: dict[str, Any]
+    ) -> None:
         with self._locked():
             manifest = self._read_manifest()
             if name in manifest["units"]:
@@ -206,7 +208,7 @@ class Dataset:
             for entries in shards.values():
                 for entry in entries:
                     os.replace(self.path / entry.pop("tmp"), self.path / entry["file"])
-            manifest["units"][name] = {"tables": shards, "counts": counts, "finished_at": _now()}
+            manifest["units"][name] = {"tables": shards, "counts": counts, "meta": meta, "finished_at": _now()}
             self._write_manifest(manifest)
 
     def recover(self) -> list[Path]:
@@ -336,6 +338,8 @@ class UnitWriter:
         self.max_bytes = max_bytes
         self.row_group_rows = min(row_group_rows, max_rows)
         self.counts: Counter[str] = Counter()
+        # Facts about the unit recorded with it in the manifest (e.g. which tasks it covers).
+        self.meta: dict[str, Any] = {}
         self._token = uuid.uuid4().hex[:8]
         self._buffers: dict[str, list[dict[str, Any]]] = {}
         self._writers: dict[str, pq.ParquetWriter] = {}
@@ -414,7 +418,7 @@ class UnitWriter:
             self._flush(table)
         for table in list(self._writers):
             self._close_shard(table)
-        self.dataset._commit_unit(self.name, self._shards, dict(self.counts))
+        self.dataset._commit_unit(self.name, self._shards, dict(self.counts), self.meta)
 
     def abort(self) -> None:
         for writer in self._writers.values():
