@@ -190,10 +190,14 @@ def from_adp(record: Any, source: str = "adp") -> Trajectory:
         meta["keys"] = list(record)
     if meta:
         details[_ADP_META] = meta
-    try:
-        steps = [step_from_adp(obj) for obj in content]
-    except ConversionError as exc:
-        raise ConversionError(f"record {record_id!r}: {exc}") from None
+    steps = []
+    for index, obj in enumerate(content):
+        try:
+            steps.append(step_from_adp(obj))
+        except ConversionError as exc:
+            raise ConversionError(f"record {record_id!r}: step {index}: {exc}") from None
+        except (TypeError, KeyError, AttributeError, ValueError) as exc:
+            raise ConversionError(f"record {record_id!r}: step {index}: malformed ({type(exc).__name__}: {exc})") from None
     try:
         return Trajectory.model_validate(
             {

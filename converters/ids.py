@@ -22,7 +22,8 @@ def content_hash(raw: Any) -> str:
 
         data = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     except TypeError:
-        data = jsonutil.dumps(raw).encode()
+        # Big ints or lone surrogates (broken upstream text): hash them as they are.
+        data = jsonutil.dumps(raw).encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest()
 
 

@@ -40,7 +40,8 @@ def _load_all() -> None:
     import converters
 
     for mod in pkgutil.iter_modules(converters.__path__):
-        if not mod.name.startswith("_") and mod.name not in ("registry", "errors"):
+        # `export` is the other direction (interlingua -> training formats), not a source.
+        if not mod.name.startswith("_") and mod.name not in ("registry", "errors", "ids", "export"):
             importlib.import_module(f"converters.{mod.name}")
 
 

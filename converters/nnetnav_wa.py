@@ -1,0 +1,34 @@
+"""NNetNav WebArena demonstrations (stanfordnlp/nnetnav-wa) -> interlingua.
+
+Raw format: one object per *step*; a trajectory is the run of consecutive rows with the same `id`
+(use `episodes(rows)`; `convert` takes an episode's list of rows, or one row as a one-step episode):
+- `id`: trajectory id, e.g. "webarena_openended_5777"; `task_name`: same as id here.
+- `dataset`: e.g. "webarena_NNetNav_Bof3".
+- `messages`: [system prompt, user "OBSERVATION: <axtree>\\nURL: <url>\\nOBJECTIVE: ...\\nPREVIOUS
+  ACTIONS: ...", assistant "... In summary, the next action I will perform is ```click [12]```"].
+- `output`, `prompt`: the same step rendered as Llama-3 chat text; `n_tokens`: its length.
+
+Follows ADP's `datasets/nnetnav-wa/raw_to_standardized.py`: a goal text observation built from the
+objective, then per step a web observation (url + axtree) and the action as a browsergym-style api
+call (arguments in ADP's quoted-string convention; `type`'s press_enter_after is "0" unless a 4th
+bracket is given, as ADP parses it); `stop [answer]` is the final `<finish>` message. ADP drops
+episodes that do not end with stop; we keep them with `details["completed"] = False`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from converters._nnetnav import convert_episode, episodes  # noqa: F401  (episodes is part of the API)
+from converters._util import guarded
+from converters.registry import register
+from schemas.models import Trajectory
+
+NAME = "nnetnav-wa"
+DATASET = "stanfordnlp/nnetnav-wa"
+
+
+@register(NAME, sources=[DATASET])
+@guarded(("id",))
+def convert(record: Any) -> Trajectory:
+    return convert_episode(record, NAME, DATASET)
