@@ -1,0 +1,292 @@
+"""The `LLM` interface and the shared wrapper (cache, adaptive concurrency, retries, ledger).
+
+Implementations only provide `_complete(request)`: one raw call returning `request.n` samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+from abc import ABC, abstractmethod
+from dataclasses import replace
+from typing import Any, ClassVar, TypeVar
+
+import orjson
+from pydantic import BaseModel
+
+from backends.cache import ResponseCache, request_digest, sample_key
+from backends.config import LLMConfig
+from backends.errors import OVERLOAD, BackendError, LLMRequestError
+from backends.jsonrepair import extract_json
+from backends.ledger import FailureLedger
+from backends.limiter import AdaptiveLimiter, backoff_delay
+from backends.redact import Redactor
+from backends.stats import Stats
+from backends.types import ChatRequest, Completion
+
+log = logging.getLogger("trajforge.backends")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class LLM(ABC):
+    backend_name: ClassVar[str] = "abstract"
+    # Engines that run one generation at a time cap the limiter, so queued requests do not burn
+    # their timeout waiting for a lock.
+    max_parallel: ClassVar[int | None] = None
+
+    def __init__(self, config: LLMConfig):
+        self.config = config
+        self.stats = Stats()
+        self.redact = Redactor([k for k in [config.api_key()] if k])
+        self.ledger = FailureLedger(config.ledger_path, self.redact)
+        self.cache = ResponseCache(config.cache_path) if config.cache_path else None
+        top = min(config.max_concurrency, self.max_parallel or config.max_concurrency)
+        self.limiter = AdaptiveLimiter(top, min(config.min_concurrency, top), top, config.concurrency_increase_after)
+        self._defaults = config.sampling_params()
+        self._inflight: dict[str, asyncio.Future[Completion]] = {}
+        self._rng = random.Random()
+        # Flipped once a server rejects json_schema response formats; remembered per client.
+        self.json_schema_supported = True
+
+    # ---- what implementations provide -------------------------------------------------------
+
+    @abstractmethod
+    async def _complete(self, request: ChatRequest) -> list[Completion]:
+        """One raw call. Raise BackendError for classified failures."""
+
+    async def _close(self) -> None:
+        """Release transport/engine resources."""
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+        n: int = 1,
+        **params: Any,
+    ) -> list[Completion]:
+        """n completions for `messages`. Raises LLMRequestError once given up (after ledgering)."""
+        request = self._build(messages, tools, tool_choice, n, params, None)
+        try:
+            return await self._run(request)
+        except BackendError as err:
+            raise self._give_up(request, err.kind, str(err), getattr(err, "attempts", 1)) from None
+
+    async def structured(self, messages: list[dict[str, Any]], schema: type[M], **params: Any) -> M | None:
+        """A validated `schema` instance, or None (ledgered) after `structured_attempts` bad answers."""
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", schema.__name__)[:64] or "answer"
+        json_schema = schema.model_json_schema()
+        msgs = list(messages)
+        problem = "no answer"
+        request: ChatRequest | None = None
+        for _ in range(self.config.structured_attempts):
+            try:
+                request, completion = await self._structured_call(msgs, name, json_schema, params)
+            except BackendError as err:
+                self._give_up(err.request, err.kind, str(err), getattr(err, "attempts", 1))  # type: ignore[attr-defined]
+                return None
+            try:
+                return schema.model_validate(extract_json(completion.text))
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError too
+                problem = str(exc)[:1000]
+                # The error goes back to the model: a retry with the same prompt would hit the cache.
+                msgs = msgs + [
+                    {"role": "assistant", "content": completion.text},
+                    {
+                        "role": "user",
+                        "content": f"That answer was invalid: {problem}\n"
+                        "Reply with only a JSON object that matches the schema.",
+                    },
+                ]
+        assert request is not None
+        self._give_up(request, "invalid_structured_output", problem, self.config.structured_attempts)
+        return None
+
+    def print_summary(self, console: Any = None) -> None:
+        self.stats.print_summary(f"LLM usage ({self.backend_name}:{self.config.model})", console)
+
+    async def aclose(self) -> None:
+        await self._close()
+        if self.cache is not None:
+            self.cache.close()
+
+    async def __aenter__(self) -> LLM:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---- wrapper layer ------------------------------------------------------------------------
+
+    def _build(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        n: int,
+        params: dict[str, Any],
+        response_format: dict[str, Any] | None,
+    ) -> ChatRequest:
+        merged = {**self._defaults, **{k: v for k, v in params.items() if v is not None}} if params else self._defaults
+        return ChatRequest(list(messages), merged, tools, tool_choice, response_format, n)
+
+    def _digest(self, request: ChatRequest) -> Any:
+        return request_digest(
+            backend=self.backend_name,
+            model=self.config.model,
+            messages=request.messages,
+            params=request.params,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            response_format=request.response_format,
+        )
+
+    def request_key(self, request: ChatRequest, index: int = 0) -> str:
+        return sample_key(self._digest(request), index)
+
+    async def _structured_call(
+        self, msgs: list[dict[str, Any]], name: str, json_schema: dict[str, Any], params: dict[str, Any]
+    ) -> tuple[ChatRequest, Completion]:
+        if self.json_schema_supported:
+            rf = {"type": "json_schema", "json_schema": {"name": name, "schema": json_schema, "strict": True}}
+            request = self._build(msgs, None, None, 1, params, rf)
+            try:
+                return request, (await self._run(request))[0]
+            except BackendError as err:
+                if err.status not in (400, 422):
+                    err.request = request  # type: ignore[attr-defined]  # ledger key of what failed
+                    raise
+                log.info("server rejected json_schema response_format; falling back to json_object")
+                self.json_schema_supported = False
+        request = self._build(msgs, None, None, 1, params, {"type": "json_object", "schema": json_schema})
+        try:
+            return request, (await self._run(request))[0]
+        except BackendError as err:
+            err.request = request  # type: ignore[attr-defined]
+            raise
+
+    async def _run(self, request: ChatRequest) -> list[Completion]:
+        """Serve from cache, join identical in-flight calls, and make one raw call for the rest."""
+        self.stats.requests += request.n
+        digest = self._digest(request)
+        keys = [sample_key(digest, i) for i in range(request.n)]
+        results: list[Completion | None] = [None] * request.n
+        mine: list[int] = []
+        shared: list[tuple[int, asyncio.Future[Completion]]] = []
+        for i, key in enumerate(keys):
+            hit = self.cache.get(key) if self.cache is not None else None
+            if hit is not None:
+                self.stats.cache_hits += 1
+                results[i] = hit
+            elif (fut := self._inflight.get(key)) is not None:
+                shared.append((i, fut))
+            else:
+                mine.append(i)
+
+        if mine:
+            loop = asyncio.get_running_loop()
+            futs = [loop.create_future() for _ in mine]
+            for i, fut in zip(mine, futs):
+                self._inflight[keys[i]] = fut
+            try:
+                sub = request if len(mine) == request.n else replace(request, n=len(mine))
+                completions = await self._call_with_retries(sub)
+                for i, fut, comp in zip(mine, futs, completions):
+                    if self.cache is not None:
+                        self.cache.put(keys[i], comp)  # committed before anyone sees the result
+                    results[i] = comp
+                    if not fut.done():
+                        fut.set_result(comp)
+            except BaseException as exc:
+                for fut in futs:
+                    if not fut.done():
+                        if isinstance(exc, Exception):
+                            fut.set_exception(exc)
+                            fut.exception()  # mark retrieved: there may be no other waiter
+                        else:
+                            fut.cancel()
+                raise
+            finally:
+                for i in mine:
+                    self._inflight.pop(keys[i], None)
+
+        for i, fut in shared:
+            # shield: one waiter being cancelled must not cancel the call others rely on.
+            results[i] = await asyncio.shield(fut)
+            self.stats.cache_hits += 1
+        return results  # type: ignore[return-value]
+
+    async def _call_with_retries(self, request: ChatRequest) -> list[Completion]:
+        cfg = self.config
+        attempt = 0
+        while True:
+            epoch = await self.limiter.acquire()
+            self.stats.calls += 1
+            try:
+                async with asyncio.timeout(cfg.request_timeout_s):
+                    completions = await self._complete(request)
+                self._validate(request, completions)
+            except Exception as exc:
+                self.limiter.release()
+                err = self._classify(exc)
+                if err.kind in OVERLOAD:
+                    self.limiter.on_overload(epoch)
+                if not err.retryable or attempt >= cfg.max_retries:
+                    err.attempts = attempt + 1  # type: ignore[attr-defined]
+                    raise err from None
+                delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, err.retry_after, self._rng)
+                attempt += 1
+                self.stats.retries += 1
+                log.debug("retry %d after %s (%s); sleeping %.3fs", attempt, err.kind, err, delay)
+                await asyncio.sleep(delay)  # outside the slot: waiting must not hold capacity
+                continue
+            except BaseException:
+                self.limiter.release()
+                raise
+            self.limiter.release()
+            self.limiter.on_success()
+            for c in completions:
+                self.stats.prompt_tokens += c.usage.prompt_tokens
+                self.stats.completion_tokens += c.usage.completion_tokens
+            return completions
+
+    def _classify(self, exc: Exception) -> BackendError:
+        if isinstance(exc, BackendError):
+            return exc
+        if isinstance(exc, TimeoutError):
+            return BackendError("timeout", f"no answer within {self.config.request_timeout_s}s")
+        if isinstance(exc, (ConnectionError, OSError)):
+            return BackendError("connection", self.redact(f"{type(exc).__name__}: {exc}"))
+        return BackendError("unknown", self.redact(f"{type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    def _validate(request: ChatRequest, completions: list[Completion]) -> None:
+        """Reject answers that are broken in transit so they are retried instead of cached."""
+        if len(completions) != request.n:
+            raise BackendError("malformed", f"expected {request.n} choices, got {len(completions)}")
+        for c in completions:
+            for call in c.tool_calls:
+                try:
+                    orjson.loads(call.arguments)
+                except orjson.JSONDecodeError:
+                    kind = "truncated" if c.finish_reason == "length" else "malformed"
+                    raise BackendError(kind, f"tool call {call.name!r} has invalid JSON arguments") from None
+            if request.response_format is not None and c.finish_reason == "length":
+                try:
+                    extract_json(c.text)
+                except ValueError:
+                    raise BackendError("truncated", "structured answer cut off (finish_reason=length)") from None
+
+    def _give_up(self, request: ChatRequest, kind: str, message: str, attempts: int) -> LLMRequestError:
+        key = self.request_key(request)
+        message = self.redact(message)
+        self.stats.failures += 1
+        self.ledger.record(key, kind, message, attempts, backend=self.backend_name, model=self.config.model)
+        log.warning("LLM request %s given up: %s: %s", key[:12], kind, message)
+        return LLMRequestError(key, kind, message, attempts)

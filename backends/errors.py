@@ -1,0 +1,55 @@
+"""Error taxonomy: which failures are worth retrying and which ones mean the server is overloaded."""
+
+from __future__ import annotations
+
+# Kinds that a retry can fix. "client" (4xx other than 408/409/429) is deliberately absent:
+# repeating a bad request only burns quota.
+RETRYABLE = frozenset({"rate_limit", "timeout", "server", "connection", "malformed", "truncated", "conflict"})
+# Kinds that signal congestion, so the adaptive limiter should back off.
+OVERLOAD = frozenset({"rate_limit", "timeout"})
+
+
+class BackendError(Exception):
+    """A classified failure of one raw call. Messages must already be redacted."""
+
+    def __init__(self, kind: str, message: str, *, status: int | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+
+def kind_for_status(status: int) -> str:
+    if status == 429:
+        return "rate_limit"
+    if status == 408:
+        return "timeout"
+    if status == 409:
+        return "conflict"
+    if status >= 500:
+        return "server"
+    return "client"
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds form only; HTTP-date Retry-After is rare on LLM APIs and not worth a date parser."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+class LLMRequestError(Exception):
+    """Raised by `LLM.chat` once a request is given up (after it was written to the ledger)."""
+
+    def __init__(self, key: str, kind: str, message: str, attempts: int):
+        super().__init__(f"{kind}: {message} (after {attempts} attempt(s), key {key[:12]})")
+        self.key = key
+        self.kind = kind
+        self.attempts = attempts

