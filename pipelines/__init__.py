@@ -1,0 +1,1 @@
+"""Apache Beam pipelines that run converters, filters, dedup and export over shards."""

@@ -1,0 +1,315 @@
+"""The convert stage as a Beam pipeline: input chunks -> converter -> one store unit per chunk.
+
+Pipeline shape (see `pipelines.convert_work` for why there are two steps):
+
+    Create(todo chunks) | Reshuffle | ParDo(ConvertChunk)          -> chunk results (ids, counts)
+    results  -> (id, position) ┐
+    Create(finished units) | ReadIds -> (id, COMMITTED) ┘ Flatten | GroupByKey | pick losers
+    results | ParDo(WriteUnit, losers as a side input)           -> one committed unit per chunk
+
+The driver (`run_convert`) plans the chunks, skips those whose unit is already finished
+(resume, idempotent re-run), runs the pipeline, and sums the manifest's unit counts for the
+summary: in = out + quarantined + duplicates, checked per unit and in total.
+
+Any Beam runner works (`runner=` plus `beam_args`, e.g. DataflowRunner, FlinkRunner,
+SparkRunner): the output directory (which also holds the spill files) must then be a
+shared filesystem that every worker sees at the same path, as the store uses plain files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+
+class _DropGcpImportWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "apitools not found" not in record.getMessage()
+
+
+# Importing Beam logs a warning about optional GCP client libraries; it is noise for a CLI.
+_filter = _DropGcpImportWarning()
+logging.getLogger().addFilter(_filter)
+try:
+    import apache_beam as beam  # noqa: E402
+    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+finally:
+    logging.getLogger().removeFilter(_filter)
+
+from converters.registry import get_converter  # noqa: E402
+from pipelines.convert_work import (
+    ChunkResult,
+    committed_ids,
+    convert_chunk,
+    pick_losers,
+    positions,
+    write_unit,
+)
+from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
+from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset, StoreError
+
+DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+STAGING_PREFIX = f"{TEMP_PREFIX}convert-"
+# Progress callback: (chunks converted, chunks written, chunks to do).
+Progress = Callable[[int, int, int], None]
+
+
+class ConvertError(Exception):
+    """A fatal problem with a convert run (unknown source, counts that do not add up)."""
+
+
+@dataclass
+class ConvertSummary:
+    """What a run did; `counts` are summed from the manifest's units of this run's inputs."""
+
+    output: str
+    inputs: list[str]
+    chunks: int
+    chunks_done: int
+    chunks_skipped: int
+    counts: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def quarantine_reasons(self) -> dict[str, int]:
+        return {k.split(":", 1)[1]: v for k, v in sorted(self.counts.items()) if k.startswith("quarantined:")}
+
+    @property
+    def balanced(self) -> bool:
+        c = self.counts
+        return c["in"] == c["out"] + c["quarantined"] + c["duplicate"]
+
+
+def trajforge_version() -> str:
+    try:
+        return importlib.metadata.version("trajforge")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def config_hash(source: str, converter: str, chunk_size: int) -> str:
+    # Not the inputs: a unit name already encodes its input, and adding inputs to an output is fine.
+    key = f"convert\0{source}\0{converter}\0{chunk_size}\0{trajforge_version()}"
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ConvertChunk(beam.DoFn):
+    """Step 1 on a worker: convert one chunk and spill its rows."""
+
+    def __init__(self, source: str, spill_dir: str) -> None:
+        self.source = source
+        self.spill_dir = spill_dir
+        self.records_in = beam.metrics.Metrics.counter("convert", "records_in")
+
+    def setup(self) -> None:
+        self.fn = get_converter(self.source).fn  # registry import happens on the worker
+
+    def process(self, chunk: Chunk) -> Any:
+        result = convert_chunk(chunk, self.fn, Path(self.spill_dir))
+        self.records_in.inc(result.counts.get("in", 0))
+        yield result
+
+
+class WriteUnit(beam.DoFn):
+    """Step 2 on a worker: commit one chunk's unit, minus the duplicates picked globally."""
+
+    def __init__(self, output: str, spill_dir: str, max_rows: int, max_bytes: int) -> None:
+        self.output = output
+        self.spill_dir = spill_dir
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.duplicates = beam.metrics.Metrics.counter("convert", "duplicates")
+
+    def setup(self) -> None:
+        self.dataset = Dataset(Path(self.output))
+
+    def process(self, result: ChunkResult, losers: dict[str, list[int]]) -> Any:
+        counts = write_unit(
+            result, self.dataset, Path(self.spill_dir), losers.get(result.unit, ()),
+            max_rows=self.max_rows, max_bytes=self.max_bytes,
+        )
+        self.duplicates.inc(counts.get("duplicate", 0))
+        yield counts
+
+
+def build_pipeline(
+    p: beam.Pipeline,
+    todo: list[Chunk],
+    finished: list[str],
+    *,
+    source: str,
+    output: str,
+    spill_dir: str,
+    max_rows: int,
+    max_bytes: int,
+) -> None:
+    results = (
+        p
+        | "Chunks" >> beam.Create(todo)
+        | "Spread" >> beam.Reshuffle()
+        | "Convert" >> beam.ParDo(ConvertChunk(source, spill_dir))
+    )
+    new_ids = results | "NewIds" >> beam.FlatMap(positions)
+    old_ids = (
+        p
+        | "FinishedUnits" >> beam.Create(finished)
+        | "SpreadFinished" >> beam.Reshuffle()
+        | "CommittedIds" >> beam.FlatMap(lambda unit: committed_ids(output, unit))
+    )
+    # Duplicates are rare, so the losers (unit -> positions to drop) fit in one side input.
+    losers = (
+        (new_ids, old_ids)
+        | "AllIds" >> beam.Flatten()
+        | "ById" >> beam.GroupByKey()
+        | "Losers" >> beam.FlatMap(pick_losers)
+        | "ByUnit" >> beam.GroupByKey()
+        | "AsDict" >> beam.combiners.ToDict()
+    )
+    _ = results | "Write" >> beam.ParDo(
+        WriteUnit(output, spill_dir, max_rows, max_bytes), losers=beam.pvalue.AsSingleton(losers)
+    )
+
+
+def _with_temp_location(beam_args: Sequence[str], tmp: str) -> list[str]:
+    args = list(beam_args)
+    if not any(a.startswith("--temp_location") for a in args):
+        args.append(f"--temp_location={tmp}")
+    return args
+
+
+def _poll_progress(
+    ds: Dataset, spill_dir: Path, todo: list[Chunk], on_progress: Progress, stop: threading.Event
+) -> None:
+    units = {c.unit for c in todo}
+    while True:
+        try:
+            written = len(units & set(ds.finished_units()))
+            converted = max(written, written + len(list(spill_dir.glob("*.traj.arrow"))))
+            on_progress(min(converted, len(units)), written, len(units))
+        except Exception:  # a manifest mid-replace or a spill dir just removed; try again
+            pass
+        if stop.wait(0.25):
+            return
+
+
+def summarize(ds: Dataset, chunks: list[Chunk]) -> Counter[str]:
+    """Sum of the finished units' counts for these chunks (the manifest is the source of truth)."""
+    finished = ds.finished_units()
+    total: Counter[str] = Counter()
+    for chunk in chunks:
+        if chunk.unit in finished:
+            total.update(finished[chunk.unit].get("counts", {}))
+    for key in ("in", "out", "quarantined", "duplicate"):
+        total[key] += 0
+    return total
+
+
+def run_convert(
+    source: str,
+    inputs: Sequence[str],
+    output: str,
+    *,
+    runner: str = DEFAULT_RUNNER,
+    beam_args: Sequence[str] = (),
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    overwrite: bool = False,
+    on_progress: Progress | None = None,
+) -> ConvertSummary:
+    """Convert `inputs` with the converter registered as `source` into the dataset at `output`.
+
+    Raises ConvertError (unknown source), pipelines.inputs.InputError (bad input) or
+    schemas.store.StoreError (bad output); bad records never raise, they are quarantined.
+    """
+    started = time.perf_counter()
+    try:
+        info = get_converter(source)
+    except KeyError as exc:
+        raise ConvertError(str(exc.args[0])) from None
+    if not inputs:
+        raise ConvertError("no inputs given")
+    chunks = plan_chunks(list(inputs), chunk_size)
+    converter = f"{info.fn.__module__}.{info.fn.__qualname__}"
+    ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),
+                        overwrite=overwrite)
+    out_path = str(ds.path.resolve())
+    # Leftovers of a killed run: temp shards of unfinished units and old spill files.
+    ds.recover()
+    for stale in ds.path.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    finished = ds.finished_units()
+    todo = [c for c in chunks if c.unit not in finished]
+    if todo:
+        ds.update_manifest(complete=False)
+        _run_pipeline(ds, out_path, todo, sorted(finished), source=source, runner=runner,
+                      beam_args=beam_args, max_rows=max_rows, max_bytes=max_bytes, on_progress=on_progress)
+    missing = [c.unit for c in chunks if not ds.is_finished(c.unit)]
+    if missing:
+        raise ConvertError(f"{len(missing)} chunks were not written (first: {missing[0]}); re-run to resume")
+    counts = summarize(ds, chunks)
+    summary = ConvertSummary(out_path, list(inputs), len(chunks), len(todo), len(chunks) - len(todo), counts,
+                             time.perf_counter() - started)
+    if not summary.balanced:
+        raise ConvertError(f"counts do not add up: in={counts['in']} out={counts['out']} "
+                           f"quarantined={counts['quarantined']} duplicate={counts['duplicate']}")
+    ds.mark_complete({k: counts[k] for k in ("in", "out", "quarantined", "duplicate")})
+    return summary
+
+
+def _run_pipeline(
+    ds: Dataset,
+    out_path: str,
+    todo: list[Chunk],
+    finished: list[str],
+    *,
+    source: str,
+    runner: str,
+    beam_args: Sequence[str],
+    max_rows: int,
+    max_bytes: int,
+    on_progress: Progress | None,
+) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_path))
+    # Spill files and Beam's temp_location both live in this hidden dir: removed at the end,
+    # and by the next run if this one is killed (a /tmp dir would leak on SIGKILL).
+    spill_dir = staging / "spill"
+    beam_tmp = staging / "beam-tmp"
+    spill_dir.mkdir()
+    beam_tmp.mkdir()
+    stop = threading.Event()
+    poller = None
+    if on_progress is not None:
+        poller = threading.Thread(target=_poll_progress, args=(ds, spill_dir, todo, on_progress, stop), daemon=True)
+        poller.start()
+    try:
+        options = PipelineOptions(_with_temp_location(beam_args, str(beam_tmp)))
+        try:
+            with beam.Pipeline(runner=runner, options=options) as p:
+                build_pipeline(p, todo, finished, source=source, output=out_path, spill_dir=str(spill_dir),
+                               max_rows=max_rows, max_bytes=max_bytes)
+        except (InputError, StoreError):
+            raise
+        except Exception as exc:
+            # Runners wrap worker errors in long multi-line messages; the CLI shows one line.
+            # Finished units stay committed, so a re-run resumes after the fix.
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            raise ConvertError(f"pipeline failed: {type(exc).__name__}: {lines[-1] if lines else ''}") from exc
+    finally:
+        stop.set()
+        if poller is not None:
+            poller.join()
+            with_units = {c.unit for c in todo}
+            done = len(with_units & set(ds.finished_units()))
+            on_progress(done, done, len(todo))  # type: ignore[misc]
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,341 @@
+"""Input files -> chunks of work -> (location, raw record) pairs.
+
+Supported inputs: JSON (an array, one object, or an object of id -> record), JSONL
+(plain, `.gz` or `.zst`), Parquet, a `datasets.Dataset.save_to_disk` directory, and a
+Hugging Face hub dataset written `hf:OWNER/NAME[:CONFIG][:SPLIT]`.
+
+`plan_chunks` cuts every input into chunks of N records; each chunk is one unit of work
+named `<short sha of the input>-<chunk index>`, so a re-run maps the same chunk to the
+same unit. `read_chunk` yields the chunk's records with a stable location string
+(`file:line` for JSONL, `file#index` for JSON, `file@row` for Parquet and datasets).
+A JSONL line that is not valid JSON is yielded as a `ParseFailure` (it goes to
+quarantine); a missing or unreadable input raises `InputError` (fatal).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import io
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+import orjson
+
+HF_PREFIX = "hf:"
+DEFAULT_CHUNK_SIZE = 5000
+DEFAULT_HF_SPLIT = "train"
+_BLOCK = 1 << 24  # bytes read at a time when scanning JSONL for line offsets
+_COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_JSONL = (".jsonl", ".ndjson")
+
+
+class InputError(Exception):
+    """A fatal problem with an input (missing, unreadable, unsupported); the message names it."""
+
+
+@dataclass(frozen=True)
+class ParseFailure:
+    """A JSONL line that is not a JSON value: its text (decoded with replacement) and why."""
+
+    text: str
+    error: str
+    error_class: str
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One unit of work: records [start, stop) of one input (line numbers for JSONL)."""
+
+    input: str  # absolute path, or the hf: spec
+    kind: str  # jsonl | jsonl-gzip | jsonl-zstd | json | parquet | datasets | hf
+    input_index: int
+    index: int
+    start: int
+    stop: int
+    # Byte range of plain JSONL chunks, so a reader seeks instead of scanning.
+    byte_start: int = -1
+    byte_stop: int = -1
+
+    @property
+    def unit(self) -> str:
+        return unit_name(self.input, self.index)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.input_index, self.index)
+
+
+def input_key(spec: str) -> str:
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def unit_name(spec: str, index: int) -> str:
+    return f"{input_key(spec)}-{index:05d}"
+
+
+# ---- classifying inputs -------------------------------------------------------------
+
+
+def resolve(spec: str) -> tuple[str, str]:
+    """(canonical input string, kind); raises InputError for a missing or unsupported input."""
+    if spec.startswith(HF_PREFIX):
+        return spec, "hf"
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise InputError(f"{spec}: no such file or directory (for a Hugging Face dataset write {HF_PREFIX}OWNER/NAME)")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{spec}: not readable (permission denied)")
+    canonical = str(path.resolve())
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists():
+            raise InputError(f"{spec}: a saved DatasetDict; pass one split's directory, e.g. {spec}/train")
+        if (path / "dataset_info.json").exists() or (path / "state.json").exists():
+            return canonical, "datasets"
+        raise InputError(f"{spec}: a directory but not a saved `datasets` directory (no state.json)")
+    name = path.name.lower()
+    suffix = Path(name).suffix
+    if suffix in _COMPRESSED:
+        return canonical, f"jsonl-{_COMPRESSED[suffix]}"
+    if suffix in _JSONL:
+        return canonical, "jsonl"
+    if suffix == ".json":
+        return canonical, "json"
+    if suffix == ".parquet":
+        return canonical, "parquet"
+    raise InputError(
+        f"{spec}: unsupported input type {suffix or '(no extension)'!r}; "
+        "use .json, .jsonl, .jsonl.gz, .jsonl.zst, .parquet or a saved datasets directory"
+    )
+
+
+# ---- planning -----------------------------------------------------------------------
+
+
+def plan_chunks(inputs: list[str], chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[Chunk]:
+    """Every input's chunks, in input order. Reads each input once, cheaply, to size it."""
+    if chunk_size < 1:
+        raise InputError(f"chunk size must be >= 1, got {chunk_size}")
+    chunks: list[Chunk] = []
+    for input_index, spec in enumerate(inputs):
+        canonical, kind = resolve(spec)
+        try:
+            chunks.extend(_plan_one(canonical, kind, input_index, chunk_size))
+        except InputError:
+            raise
+        except (OSError, EOFError, ValueError) as exc:
+            raise InputError(f"{spec}: cannot read ({_describe(exc)})") from None
+    return chunks
+
+
+def _plan_one(spec: str, kind: str, input_index: int, chunk_size: int) -> list[Chunk]:
+    if kind == "jsonl":
+        offsets, total = _line_offsets(spec, chunk_size)
+        size = os.path.getsize(spec)
+        return [
+            Chunk(spec, kind, input_index, i, i * chunk_size, min((i + 1) * chunk_size, total),
+                  offsets[i], offsets[i + 1] if i + 1 < len(offsets) else size)
+            for i in range(len(offsets))
+        ]
+    total = _count_records(spec, kind)
+    return [
+        Chunk(spec, kind, input_index, i, start, min(start + chunk_size, total))
+        for i, start in enumerate(range(0, total, chunk_size))
+    ]
+
+
+def _line_offsets(path: str, every: int) -> tuple[list[int], int]:
+    """Byte offsets of lines 0, every, 2*every, ... and the number of lines.
+
+    Scans with bytes.count/find, so sizing a multi-GB file costs about one read of it.
+    """
+    offsets = [0]
+    lines = 0
+    pos = 0
+    last = b"\n"
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            newlines = block.count(b"\n")
+            next_boundary = len(offsets) * every
+            if lines + newlines >= next_boundary:
+                start = 0
+                while (i := block.find(b"\n", start)) >= 0:
+                    lines += 1
+                    start = i + 1
+                    if lines % every == 0:
+                        offsets.append(pos + start)
+            else:
+                lines += newlines
+            pos += len(block)
+            last = block[-1:]
+    if last != b"\n":
+        lines += 1  # a last line without a newline
+    if offsets[-1] >= pos and len(offsets) > 1:
+        offsets.pop()  # the file ends exactly on a chunk boundary
+    if pos == 0:
+        return [], 0
+    return offsets, lines
+
+
+def _count_records(spec: str, kind: str) -> int:
+    if kind.startswith("jsonl-"):
+        with _open_compressed(spec, kind) as fh:
+            return sum(1 for _ in fh)
+    if kind == "json":
+        return len(_load_json(spec, os.path.getmtime(spec)))
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(spec).metadata.num_rows
+        except Exception as exc:  # pyarrow raises several types for a bad file
+            raise InputError(f"{spec}: not a readable Parquet file ({_describe(exc)})") from None
+    if kind in ("datasets", "hf"):
+        return len(_load_hf(spec, kind))
+    raise InputError(f"{spec}: unknown input kind {kind!r}")
+
+
+# ---- reading ------------------------------------------------------------------------
+
+
+def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
+    """(location, raw record) for each record of the chunk; a bad JSONL line yields a ParseFailure."""
+    kind = chunk.kind
+    try:
+        if kind == "jsonl":
+            yield from _read_jsonl_range(chunk)
+        elif kind.startswith("jsonl-"):
+            with _open_compressed(chunk.input, kind) as fh:
+                lines = itertools.islice(fh, chunk.start, chunk.stop)
+                yield from _parse_lines(chunk.input, chunk.start, lines)
+        elif kind == "json":
+            records = _load_json(chunk.input, os.path.getmtime(chunk.input))
+            for i in range(chunk.start, chunk.stop):
+                key, record = records[i]
+                yield f"{chunk.input}#{key}", record
+        elif kind == "parquet":
+            yield from _read_parquet(chunk)
+        else:
+            table = _load_hf(chunk.input, kind).with_format("arrow")[chunk.start : chunk.stop]
+            for i, row in enumerate(table.to_pylist(), chunk.start):
+                yield f"{chunk.input}@{i}", row
+    except InputError:
+        raise
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{chunk.input}: cannot read ({_describe(exc)})") from None
+
+
+def _read_jsonl_range(chunk: Chunk) -> Iterator[tuple[str, Any]]:
+    with open(chunk.input, "rb") as fh:
+        fh.seek(chunk.byte_start)
+        data = fh.read(chunk.byte_stop - chunk.byte_start)
+    yield from _parse_lines(chunk.input, chunk.start, data.split(b"\n"))
+
+
+def _parse_lines(path: str, first: int, lines: Any) -> Iterator[tuple[str, Any]]:
+    loads = orjson.loads
+    for number, line in enumerate(lines, first + 1):
+        if not line.strip():
+            continue  # blank lines (and the split after a final newline) are not records
+        try:
+            yield f"{path}:{number}", loads(line)
+        except orjson.JSONDecodeError as exc:
+            yield f"{path}:{number}", _parse_failure(line, exc)
+
+
+def _parse_failure(line: bytes, exc: Exception) -> ParseFailure:
+    try:
+        line.decode("utf-8")
+        error_class = type(exc).__name__
+    except UnicodeDecodeError:
+        error_class = "UnicodeDecodeError"
+    text = line.rstrip(b"\r\n").decode("utf-8", errors="replace")
+    return ParseFailure(text=text, error=str(exc), error_class=error_class)
+
+
+def _open_compressed(path: str, kind: str) -> IO[bytes]:
+    if kind == "jsonl-gzip":
+        return gzip.open(path, "rb")
+    import zstandard
+
+    raw = open(path, "rb")
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+    return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=1)
+def _load_json(path: str, mtime: float) -> list[tuple[Any, Any]]:
+    """The records of a JSON file as (key, record), cached so its chunks parse it once per process."""
+    data = Path(path).read_bytes()
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc}); a JSONL file lets bad lines be quarantined") from None
+    if isinstance(value, list):
+        return list(enumerate(value))
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        # An object whose values are all objects is a mapping of id -> record.
+        return list(value.items())
+    return [(0, value)]
+
+
+def _read_parquet(chunk: Chunk) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(chunk.input)
+    meta = pf.metadata
+    groups, first, row = [], None, 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if row + n > chunk.start and row < chunk.stop:
+            groups.append(g)
+            first = row if first is None else first
+        row += n
+    if not groups:
+        return
+    table = pf.read_row_groups(groups).slice(chunk.start - first, chunk.stop - chunk.start)
+    for i, record in enumerate(table.to_pylist(), chunk.start):
+        yield f"{chunk.input}@{i}", record
+
+
+@functools.lru_cache(maxsize=4)
+def _load_hf(spec: str, kind: str) -> Any:
+    """A `datasets.Dataset` from a saved directory or the hub (memory-mapped, cached per process)."""
+    import datasets
+
+    if kind == "datasets":
+        try:
+            ds = datasets.load_from_disk(spec)
+        except Exception as exc:  # datasets raises many types for a bad directory
+            raise InputError(f"{spec}: not a loadable datasets directory ({_describe(exc)})") from None
+        if isinstance(ds, datasets.DatasetDict):
+            raise InputError(f"{spec}: a saved DatasetDict; pass one split's directory")
+        return ds
+    parts = spec[len(HF_PREFIX) :].split(":")
+    name, config, split = parts[0], None, DEFAULT_HF_SPLIT
+    if len(parts) == 2:
+        split = parts[1]
+    elif len(parts) == 3:
+        config, split = parts[1], parts[2]
+    elif len(parts) > 3 or not name:
+        raise InputError(f"{spec}: expected {HF_PREFIX}OWNER/NAME[:CONFIG][:SPLIT]")
+    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
+        # Offline, load_dataset can still use a cached copy; say why if there is none.
+        hint = " (offline: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set and the dataset is not cached)"
+    else:
+        hint = ""
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # connection, not-found and auth errors have no common base
+        raise InputError(f"{spec}: cannot load from the Hugging Face hub{hint}: {_describe(exc)}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

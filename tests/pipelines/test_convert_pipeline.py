@@ -1,0 +1,138 @@
+"""The convert pipeline end to end (FnApiRunner): counts, equality with direct conversion,
+dedup across inputs, idempotent re-runs, resume after SIGKILL, nothing temporary left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.convert import run_convert
+from pipelines.inputs import plan_chunks
+from schemas.store import MANIFEST, Dataset
+from tests.pipelines._data import direct, uniform, write_jsonl, write_parquet
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _beam_temp_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("trajforge-*")}
+
+
+def _leftovers(output: Path) -> list[Path]:
+    return [p for p in output.rglob("*") if p.name.startswith(".tmp-")]
+
+
+def _records(output: Path) -> dict:
+    ds = Dataset.open(output)
+    records = list(ds.iter_records())
+    return {t.id: t for t in records}, len(records)
+
+
+def test_adp_samples_convert_like_direct_conversion_and_rerun_is_idempotent(tmp_path, adp_files, adp_records):
+    before = _beam_temp_dirs()
+    output = tmp_path / "out"
+    inputs = [str(f) for f in adp_files]
+    summary = run_convert("adp", inputs, str(output), chunk_size=3)
+    expected = direct(adp_records)
+    c = summary.counts
+    assert c["in"] == len(adp_records)
+    assert c["quarantined"] == 0
+    assert c["out"] == len(expected)
+    assert c["duplicate"] == len(adp_records) - len(expected)  # the samples repeat a few records
+    assert c["in"] == c["out"] + c["quarantined"] + c["duplicate"]
+    got, n = _records(output)
+    assert n == len(expected) and got == expected
+    assert summary.chunks == summary.chunks_done == len(plan_chunks(inputs, 3))
+    assert Dataset.open(output).complete
+    assert not _leftovers(output) and _beam_temp_dirs() == before
+
+    again = run_convert("adp", inputs, str(output), chunk_size=3)
+    assert again.chunks_done == 0 and again.chunks_skipped == summary.chunks
+    assert again.counts == summary.counts
+    assert _records(output) == (got, n)
+
+
+def test_all_formats_convert_to_the_same_records(tmp_path, adp_records):
+    import datasets
+
+    records = uniform(adp_records)
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(records).save_to_disk(str(saved))
+    inputs = [
+        write_jsonl(tmp_path / "r.jsonl", records),
+        write_jsonl(tmp_path / "r.jsonl.gz", records),
+        write_jsonl(tmp_path / "r.jsonl.zst", records),
+        write_parquet(tmp_path / "r.parquet", records),
+        saved,
+    ]
+    summary = run_convert("adp", [str(p) for p in inputs], str(tmp_path / "out"), chunk_size=20)
+    expected = direct(records)
+    # Every format yields the same trajectories, so all copies after the first are duplicates.
+    c = summary.counts
+    assert (c["in"], c["out"], c["quarantined"], c["duplicate"]) == (
+        5 * len(records), len(expected), 0, 4 * len(records))
+    got, n = _records(tmp_path / "out")
+    assert n == len(expected) and got == expected
+    # The first input in order wins: every kept record comes from r.jsonl's units.
+    ds = Dataset.open(tmp_path / "out")
+    jsonl_units = {c.unit for c in plan_chunks([str(inputs[0])], 20)}
+    kept = {name for name, u in ds.finished_units().items() if u["counts"].get("out")}
+    assert kept == jsonl_units
+
+
+_KILLABLE = textwrap.dedent(
+    """
+    import sys, time
+    from schemas.store import UnitWriter
+    commit = UnitWriter.commit
+    def slow_commit(self):
+        commit(self)
+        time.sleep(0.3)  # widen the window between unit commits so the test can kill mid-way
+    UnitWriter.commit = slow_commit
+    from pipelines.convert import run_convert
+    run_convert("adp", [sys.argv[1]], sys.argv[2], chunk_size=int(sys.argv[3]))
+    """
+)
+
+
+def test_killed_run_resumes_with_nothing_lost_and_nothing_twice(tmp_path, adp_records):
+    records = adp_records * 2  # every record twice: duplicates across chunks too
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    output = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(source), str(output), "10"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    finished = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            finished = len(Dataset(output).finished_units()) if (output / MANIFEST).exists() else 0
+        except Exception:
+            finished = 0
+        if finished >= 1:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    total = len(plan_chunks([str(source)], 10))
+    assert 1 <= len(Dataset(output).finished_units()) < total
+    assert list(output.glob(".tmp-convert-*")), "the killed run should have left its staging dir"
+
+    summary = run_convert("adp", [str(source)], str(output), chunk_size=10)
+    assert summary.chunks_skipped >= 1 and summary.chunks_done + summary.chunks_skipped == total
+    expected = direct(records)
+    c = summary.counts
+    assert (c["in"], c["out"], c["quarantined"]) == (len(records), len(expected), 0)
+    assert c["duplicate"] == len(records) - len(expected)
+    got, n = _records(output)
+    assert n == len(expected) and got == expected
+    assert not _leftovers(output) and not list(output.glob(".tmp-*"))

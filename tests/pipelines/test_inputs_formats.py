@@ -1,0 +1,104 @@
+"""Readers: every input format yields the same records, chunking is stable, bad input is fatal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import orjson
+import pytest
+
+from pipelines.inputs import InputError, ParseFailure, plan_chunks, read_chunk
+from tests.pipelines._data import uniform, write_jsonl, write_parquet
+
+
+def _read_all(inputs: list[str], chunk_size: int) -> list[tuple[str, object]]:
+    return [pair for chunk in plan_chunks(inputs, chunk_size) for pair in read_chunk(chunk)]
+
+
+@pytest.fixture()
+def format_files(tmp_path: Path, adp_records: list[dict]) -> dict[str, Path]:
+    records = uniform(adp_records)
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(records).save_to_disk(str(saved))
+    return {
+        "jsonl": write_jsonl(tmp_path / "r.jsonl", records),
+        "gz": write_jsonl(tmp_path / "r.jsonl.gz", records),
+        "zst": write_jsonl(tmp_path / "r.jsonl.zst", records),
+        "parquet": write_parquet(tmp_path / "r.parquet", records),
+        "datasets": saved,
+        "json": tmp_path / "r.json",
+    }
+
+
+@pytest.mark.parametrize("chunk_size", [1, 10, 1000])
+def test_every_format_reads_the_same_records_in_order(format_files, adp_records, chunk_size):
+    records = uniform(adp_records)
+    format_files["json"].write_bytes(orjson.dumps(records))
+    for name, path in format_files.items():
+        got = _read_all([str(path)], chunk_size)
+        assert [raw for _, raw in got] == records, name
+        locations = [loc for loc, _ in got]
+        assert len(set(locations)) == len(records), name
+    jsonl = _read_all([str(format_files["jsonl"])], chunk_size)
+    assert jsonl[0][0].endswith("r.jsonl:1") and jsonl[-1][0].endswith(f"r.jsonl:{len(records)}")
+    assert _read_all([str(format_files["parquet"])], chunk_size)[3][0].endswith("r.parquet@3")
+    assert _read_all([str(format_files["json"])], chunk_size)[2][0].endswith("r.json#2")
+
+
+def test_chunks_are_stable_and_cover_every_line(tmp_path):
+    path = write_jsonl(tmp_path / "n.jsonl", [{"i": i} for i in range(23)])
+    chunks = plan_chunks([str(path)], 5)
+    assert [(c.start, c.stop) for c in chunks] == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 23)]
+    assert [c.unit for c in chunks] == [c.unit for c in plan_chunks([str(path)], 5)]
+    assert len({c.unit for c in chunks}) == 5
+    assert [raw["i"] for c in chunks for _, raw in read_chunk(c)] == list(range(23))
+    exact = write_jsonl(tmp_path / "e.jsonl", [{"i": i} for i in range(10)])  # ends on a boundary
+    assert len(plan_chunks([str(exact)], 5)) == 2
+    no_newline = tmp_path / "nn.jsonl"
+    no_newline.write_bytes(b'{"i": 0}\n{"i": 1}')
+    assert [raw for c in plan_chunks([str(no_newline)], 1) for _, raw in read_chunk(c)] == [{"i": 0}, {"i": 1}]
+
+
+def test_json_object_and_id_map(tmp_path):
+    single = tmp_path / "one.json"
+    single.write_bytes(orjson.dumps({"id": "a", "content": []}))
+    assert [raw for _, raw in _read_all([str(single)], 10)] == [{"id": "a", "content": []}]
+    by_id = tmp_path / "map.json"
+    by_id.write_bytes(orjson.dumps({"a": {"x": 1}, "b": {"x": 2}}))
+    got = _read_all([str(by_id)], 1)
+    assert [loc.rsplit("#", 1)[1] for loc, _ in got] == ["a", "b"]
+
+
+def test_bad_lines_are_parse_failures_not_errors(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"ok": 1}\n{"trunc": \n\n{"bytes": "\xff\xfe"}\n')
+    got = _read_all([str(path)], 2)
+    assert got[0][1] == {"ok": 1}
+    assert isinstance(got[1][1], ParseFailure) and got[1][0].endswith(":2")
+    assert isinstance(got[2][1], ParseFailure) and got[2][0].endswith(":4")
+    assert got[2][1].error_class == "UnicodeDecodeError" and "\ufffd" in got[2][1].text
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing.jsonl", "no such file"),
+        (lambda d: (d / "x.csv").write_text("a") and d / "x.csv", "unsupported input type"),
+        (lambda d: (d / "b.json").write_text("[{") and d / "b.json", "not valid JSON"),
+        (lambda d: (d / "t.jsonl.gz").write_bytes(b"\x1f\x8b\x08garbage") and d / "t.jsonl.gz", "cannot read"),
+        (lambda d: (d / "p.parquet").write_bytes(b"PAR1 no") and d / "p.parquet", "Parquet"),
+        (lambda d: d, "not a saved `datasets` directory"),
+    ],
+)
+def test_unreadable_inputs_are_fatal_with_the_file_named(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(InputError, match=message) as info:
+        plan_chunks([str(path)], 10)
+    assert str(path.name) in str(info.value) or str(path) in str(info.value)
+
+
+def test_hub_dataset_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(InputError, match="hf:nobody/no-such-dataset-xyz: cannot load from the Hugging Face hub"):
+        plan_chunks(["hf:nobody/no-such-dataset-xyz"], 10)
