@@ -1,0 +1,145 @@
+"""Export benchmark: trl-sft export throughput and peak RSS at growing sizes (a scaling curve).
+
+For each size N it builds N synthetic trajectories (a user task, then 5-30 steps from a pool),
+then, each in a fresh child process so peak RSS is that run's alone:
+- `export`: `trajforge export --format trl-sft` (records/s, peak RSS);
+- `pyarrow`: reading the same trajectory shards with bare pyarrow (`iter_batches`), the limit
+  of any reader of these files.
+It prints each row with the ratio export/pyarrow and writes `benchmarks/results/export.json`.
+Flat peak RSS across sizes is the streaming check; records/s should stay flat too.
+
+    python -m benchmarks.export [--sizes 10000,50000,100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from schemas.arrow import step_to_row
+from schemas.models import ApiAction, CodeAction, MessageAction, TextObservation
+from schemas.store import Dataset
+
+RESULTS = Path(__file__).with_name("results") / "export.json"
+_TASK = step_to_row(TextObservation(content="Find the order and refund it if it is late.", source="user"))
+
+
+def _step_pool(rng: random.Random, size: int = 512) -> list[dict[str, Any]]:
+    """Step rows to draw from, so the figure measures the export, not the data generator."""
+    words = ["alpha", "beta", "gamma", "delta", "order", "refund", "user", "late", "ship"]
+    pool = []
+    for i in range(size):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(5, 60)))
+        kind = i % 4
+        if kind == 0:
+            step = ApiAction(function=f"tool_{i % 12}", arguments={"query": text[:40], "limit": i % 10}, thought=text[:80])
+        elif kind == 1:
+            step = TextObservation(content=text, source="environment", name=f"tool_{i % 12}")
+        elif kind == 2:
+            step = CodeAction(language="python", content=f"print({i})\n# {text}", thought=text[:50])
+        else:
+            step = MessageAction(content=text)
+        pool.append(step_to_row(step))
+    return pool
+
+
+def build(path: Path, n: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    pool = _step_pool(rng)
+    ds = Dataset.create(path)
+    with ds.unit("bench") as unit:
+        for i in range(n):
+            unit.write_row("trajectories", {
+                "id": f"bench/{i}", "source": f"source_{i % 7}",
+                "steps": [_TASK, *(pool[rng.randrange(len(pool))] for _ in range(rng.randint(5, 30)))],
+                "tools": [], "reward": rng.random(), "success": i % 3 == 0,
+                "provenance": {"method": "synthetic", "seed": seed, "parent_ids": []}, "details": None,
+            })
+
+
+def _export(src: str, out: str) -> dict[str, Any]:
+    from converters.export import ExportConfig, export
+
+    start = time.perf_counter()
+    report = export(src, out, ExportConfig(format="trl-sft"))
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "records": report.records_in, "rows": report.rows, "skipped": report.skipped_total}
+
+
+def _read_bare(src: str, out: str) -> dict[str, Any]:
+    files = Dataset.open(src).shard_files("trajectories")
+    start = time.perf_counter()
+    n = sum(b.num_rows for f in files for b in pq.ParquetFile(f).iter_batches(batch_size=4096))
+    return {"seconds": time.perf_counter() - start, "records": n}
+
+
+def _child(fn: Any, src: str, out: str, queue: Any) -> None:
+    result = fn(src, out)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    queue.put(result)
+
+
+def measure(fn: Any, src: Path, out: Path) -> dict[str, Any]:
+    """Run `fn` in a fresh process: its peak RSS is its own, not the benchmark's."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(fn, str(src), str(out), queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def run(sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for n in sizes:
+        src, out = workdir / f"src-{n}", workdir / f"out-{n}"
+        build(src, n)
+        bare = measure(_read_bare, src, out)
+        exp = measure(_export, src, out)
+        exp_rate, bare_rate = exp["records"] / exp["seconds"], bare["records"] / bare["seconds"]
+        rows.append({
+            "records": n, "rows_written": exp["rows"], "skipped": exp["skipped"],
+            "export_seconds": round(exp["seconds"], 3), "export_records_per_s": round(exp_rate, 1),
+            "export_peak_rss_mb": round(exp["peak_rss_mb"], 1),
+            "pyarrow_seconds": round(bare["seconds"], 3), "pyarrow_records_per_s": round(bare_rate, 1),
+            "pyarrow_peak_rss_mb": round(bare["peak_rss_mb"], 1),
+            "ratio_export_to_pyarrow": round(exp_rate / bare_rate, 5),
+        })
+        print(f"{n:>9,} records: export {exp_rate:,.0f}/s ({exp['seconds']:.1f}s, {exp['peak_rss_mb']:.0f} MiB), "
+              f"pyarrow {bare_rate:,.0f}/s ({bare['peak_rss_mb']:.0f} MiB), ratio {exp_rate / bare_rate:.4f}", flush=True)
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,50000,100000", help="comma-separated record counts")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    with tempfile.TemporaryDirectory(prefix="trajforge-bench-export-") as tmp:
+        rows = run(sizes, Path(tmp))
+    RESULTS.parent.mkdir(exist_ok=True)
+    payload = {"benchmark": "export", "format": "trl-sft", "reference": "bare pyarrow iter_batches of the same shards",
+               "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
+                           "platform": platform.platform()}, "rows": rows}
+    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Stream preference pairs joined with their chosen and rejected trajectories, in bounded memory.
+
+A pair references two trajectories by id; they may sit in any shard. Instead of an in-memory
+index of all trajectories, DuckDB joins the pairs' Parquet shards with the trajectories' shards
+(`LEFT JOIN` twice, on chosen_id and rejected_id) and streams the result as Arrow batches.
+DuckDB runs the join out of core: `memory_limit` caps its working memory and it spills to a temp
+directory beyond that; results are ordered by pair id (an external sort), so the export is
+deterministic. A pair whose trajectory is missing comes back with that side null; the driver
+counts it as skipped. The lookup is by id, so a trajectory id must be unique (the store's ids are).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+
+from schemas.arrow import pair_from_row, trajectory_from_row
+from schemas.models import Pair, Trajectory
+
+DEFAULT_MEMORY_LIMIT = "1GB"
+_BATCH_ROWS = 256
+
+
+def _files(paths: list[Path]) -> str:
+    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+
+
+def iter_joined_pairs(
+    pair_files: list[Path], trajectory_files: list[Path], memory_limit: str = DEFAULT_MEMORY_LIMIT,
+) -> Iterator[tuple[Pair, Trajectory | None, Trajectory | None]]:
+    """(pair, chosen or None, rejected or None) for every pair, ordered by pair id."""
+    if not pair_files:
+        return
+    with tempfile.TemporaryDirectory(prefix="trajforge-dpo-") as spill:
+        con = duckdb.connect()
+        try:
+            con.execute(f"SET memory_limit = '{memory_limit}'")
+            con.execute(f"SET temp_directory = '{spill}'")
+            if trajectory_files:
+                trajectories = f"read_parquet({_files(trajectory_files)})"
+            else:  # no trajectories at all: every pair is missing both sides
+                trajectories = f"(SELECT * FROM read_parquet({_files(pair_files)}) WHERE false)"
+            query = f"""
+                SELECT p AS pair, c AS chosen, r AS rejected
+                FROM read_parquet({_files(pair_files)}) p
+                LEFT JOIN {trajectories} c ON c.id = p.chosen_id
+                LEFT JOIN {trajectories} r ON r.id = p.rejected_id
+                ORDER BY p.id
+            """
+            reader = con.sql(query).to_arrow_reader(_BATCH_ROWS)
+            for batch in reader:
+                for row in batch.to_pylist():
+                    yield pair_from_row(row["pair"]), _trajectory(row["chosen"]), _trajectory(row["rejected"])
+        finally:
+            con.close()
+
+
+def _trajectory(row: dict[str, Any] | None) -> Trajectory | None:
+    if row is None or row.get("id") is None:
+        return None
+    return trajectory_from_row(row)

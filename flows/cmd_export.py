@@ -1,0 +1,72 @@
+"""CLI command of the export stage: `trajforge export DIR --format F --output OUT`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.console import console, fail
+
+
+def export(
+    dataset: Annotated[Path, typer.Argument(help="Input trajforge dataset directory.")],
+    format: Annotated[str, typer.Option("--format", "-f", help="trl-sft, trl-dpo, trl-kto, openai or sharegpt.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output directory (a Hugging Face dataset).")],
+    shard_rows: Annotated[int, typer.Option(help="Rows per output shard.")] = 50_000,
+    mix: Annotated[Optional[str], typer.Option(
+        help="source=weight,...: expected copies per record of each source (0.5 keeps about half, 2 doubles); "
+             "unlisted sources are excluded.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the --mix sampling.")] = 0,
+    reasoning: Annotated[Optional[bool], typer.Option(
+        "--reasoning/--drop-reasoning",
+        help="Keep reasoning as `reasoning_content` (default: kept, except for openai).")] = None,
+    web_max_chars: Annotated[int, typer.Option(help="Truncate web page text (axtree/html) to this many chars.")] = 20_000,
+    sft_layout: Annotated[str, typer.Option(
+        help="trl-sft layout: auto (prompt-completion if any step is masked), messages, prompt-completion.")] = "auto",
+    kto_mode: Annotated[str, typer.Option(
+        help="trl-kto examples: auto (step labels when present, else success), steps, trajectory.")] = "auto",
+    overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in OUTPUT.")] = False,
+) -> None:
+    """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, OpenAI, ShareGPT)."""
+    from converters.export import ExportConfig
+    from converters.export import export as run_export
+    from converters.export.mix import MixError, parse_mix
+    from converters.export.run import ExportError
+    from schemas.store import StoreError
+
+    try:
+        cfg = ExportConfig(format=format, shard_rows=shard_rows, mix=parse_mix(mix), seed=seed, reasoning=reasoning,
+                           web_max_chars=web_max_chars, sft_layout=sft_layout, kto_mode=kto_mode,
+                           overwrite=overwrite)
+    except MixError as exc:
+        fail(str(exc))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(f"export {format}", total=None)
+        try:
+            report = run_export(dataset, output, cfg,
+                                progress=lambda n: progress.advance(task, n),
+                                total=lambda n: progress.update(task, total=n))
+        except (ExportError, StoreError) as exc:
+            progress.stop()
+            fail(str(exc))
+    print_report(report)
+
+
+def print_report(report: Any) -> None:
+    """The export's counts: in, exported, rows, shards, skipped by reason."""
+    table = Table(title=f"export {report.format} -> {report.output}", show_header=False)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("records in", str(report.records_in))
+    table.add_row("exported", str(report.records_exported))
+    table.add_row("rows written", str(report.rows))
+    table.add_row("shards", str(len(report.files)))
+    table.add_row("skipped", str(report.skipped_total))
+    for reason, n in report.skipped.most_common():
+        table.add_row(f"  {reason}", str(n))
+    console.print(table)
