@@ -28,6 +28,7 @@ _ARROW_TYPES = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int3
 ARROW_SCHEMAS = {t: pa.schema([(c, _ARROW_TYPES[ty]) for c, ty in cols.items()]) for t, cols in TABLES.items()}
 # The tables tools can change; goal states are compared on these (products never change).
 GOAL_TABLES = ("users", "payment_methods", "orders", "order_items", "transactions")
+_COPIES = itertools.count()
 # Tokens come from one process-wide counter so equal tokens always mean equal content.
 _TOKENS = itertools.count(1)
 
@@ -110,7 +111,9 @@ class RetailDB:
             local = version is not None and version.copy_name is not None and version.owner() is self
             # Seed-world (Arrow) versions get a local copy too, so restoring to them stays cheap.
             if version is None or version.token != token or not local:
-                name = f"__v{token}_{table}"
+                # Unique per copy: a version restored from another database may be copied here
+                # again while an earlier local copy of the same content is still referenced.
+                name = f"__v{token}_{next(_COPIES)}_{table}"
                 self.con.execute(f"CREATE TABLE {name} AS SELECT * FROM {table}")
                 version = TableVersion(token, copy_name=name, owner=weakref.ref(self))
                 # When no snapshot refers to the copy any more, queue it for dropping.
