@@ -1,0 +1,76 @@
+"""MCTS speed: environment steps/s and tree nodes/s with a zero-latency scripted model, and the search's
+overhead over waiting for the model at latency L.
+
+"Sum of its model-call latencies" is the latency-bound critical path: the model calls the search
+must wait for one after another (per iteration one expansion call plus the longest of the
+concurrent rollouts: `SearchStats.critical_calls`) times L. Target: wall / critical path < 1.10.
+The fully sequential sum (every call one after another) is printed too, to show what parallel
+expansion saves. Run: `python -m benchmarks.mcts [--latency 0.05] [--tasks 4]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from benchmarks._common import write_results
+from envs.retail.env import RetailEnv
+from envs.retail.tasks import generate_tasks
+from generators.agent import AgentPolicy
+from generators.mcts import MCTS, SearchConfig, SearchStats
+from tests.generators.test_mcts_scripted import ScriptedRetailLLM
+
+
+async def _search_all(tasks: list[Any], latency: float, config: SearchConfig) -> tuple[float, list[SearchStats], int]:
+    llm = ScriptedRetailLLM(tasks, latency=latency)
+    tools = RetailEnv(0).tools()
+    stats, nodes = [], 0
+    start = time.perf_counter()
+    for task in tasks:  # one tree at a time: the critical path is per tree
+        tree = await MCTS(lambda: RetailEnv(0), AgentPolicy(llm, tools), config,
+                          rollout_policy=AgentPolicy(llm, tools, temperature=0.0)).search(task)
+        stats.append(tree.stats)
+        nodes += len(tree.nodes)
+    return time.perf_counter() - start, stats, nodes
+
+
+def run(latency: float, n_tasks: int) -> dict[str, Any]:
+    tasks = generate_tasks(n_tasks, seed=0, kinds=["cancel"])
+    config = SearchConfig()
+    asyncio.run(_search_all(tasks[:1], 0.0, config))  # warm-up: DuckDB, world caches
+    wall0, stats0, nodes0 = asyncio.run(_search_all(tasks, 0.0, config))
+    steps0 = sum(s.env_steps for s in stats0)
+    wall, stats, _ = asyncio.run(_search_all(tasks, latency, config))
+    critical = sum(s.critical_calls for s in stats) * latency
+    sequential = sum(s.model_calls for s in stats) * latency
+    return {
+        "tasks": n_tasks, "search": config.model_dump(),
+        "zero_latency": {"wall_s": round(wall0, 3), "env_steps": steps0, "env_steps_per_s": round(steps0 / wall0, 1),
+                         "nodes": nodes0, "nodes_per_s": round(nodes0 / wall0, 1),
+                         "model_calls": sum(s.model_calls for s in stats0)},
+        "latency_s": latency,
+        "with_latency": {"wall_s": round(wall, 3), "critical_path_s": round(critical, 3),
+                         "sequential_sum_s": round(sequential, 3), "wall_over_critical_path": round(wall / critical, 3),
+                         "wall_over_sequential_sum": round(wall / sequential, 3)},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--tasks", type=int, default=4)
+    args = parser.parse_args()
+    res = run(args.latency, args.tasks)
+    z, w = res["zero_latency"], res["with_latency"]
+    print(f"MCTS (retail, {res['tasks']} trees, 4 iterations x 4 generations, scripted model)")
+    print(f"  zero latency : {z['env_steps_per_s']:>8} env steps/s  {z['nodes_per_s']:>8} nodes/s  ({z['wall_s']} s)")
+    print(f"  latency {res['latency_s']} s: wall {w['wall_s']} s | critical path {w['critical_path_s']} s "
+          f"(ratio {w['wall_over_critical_path']}, target < 1.10) | all calls in sequence {w['sequential_sum_s']} s "
+          f"(ratio {w['wall_over_sequential_sum']})")
+    print(f"  results -> {write_results('mcts', res)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The agent policy: a model proposes the next action from the task, the tools and the history.
+
+Two ways to ask, chosen by config: `tools` uses the server's native function calling (the
+request carries the tool specs; vLLM, llama.cpp server, hosted APIs and the embedded
+backend all return `tool_calls`), `text` asks for a ReAct-style turn (thought, then a
+`<tool_call>` block or a final answer) and parses it, for servers without tool support.
+A proposal that cannot be parsed is returned as such, with the raw text, so callers can
+count it as a failed step instead of crashing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from backends.base import LLM
+from converters.export.render import RenderOptions, messages, render
+from generators.transcript import TranscriptError, parse_assistant, strip_reasoning, tools_block
+from schemas.models import ApiAction, MessageAction, Step, Tool, Trajectory
+
+SYSTEM = (
+    "You are an agent that completes the user's task by calling the available tools. "
+    "Think briefly, then call one tool at a time; when the task is done (or cannot be done), "
+    "reply to the user without calling a tool."
+)
+TEXT_FORMAT = (
+    "Reply with one short thought, then either exactly one\n"
+    '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>\n'
+    "or, when you are finished, your final answer to the user with no tool call."
+)
+
+
+@dataclass
+class Proposal:
+    """One sampled next action, or why none could be read from the model's answer."""
+
+    action: ApiAction | MessageAction | None
+    raw: str
+    error: str | None = None
+
+
+def openai_tools(tools: list[Tool]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description or "",
+                "parameters": t.parameters or {"type": "object", "properties": {}},
+            },
+        }
+        for t in tools
+    ]
+
+
+class AgentPolicy:
+    """Samples next actions for a history; knows nothing of the environment behind the tools."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        tools: list[Tool],
+        *,
+        mode: Literal["tools", "text"] = "tools",
+        system: str = SYSTEM,
+        temperature: float | None = None,
+        max_history_chars: int = 12_000,
+    ) -> None:
+        self.llm = llm
+        self.tools = tools
+        self.mode = mode
+        self.system = system
+        self.temperature = temperature
+        self.max_history_chars = max_history_chars
+
+    def prompt(self, history: list[Step], guidance: str | None = None) -> list[dict[str, Any]]:
+        system = self.system
+        if guidance:
+            system = f"{system}\n\n{guidance}"
+        if self.mode == "text":
+            system = f"{system}\n\nTools (JSON, one per line):\n{tools_block(self.tools)}\n\n{TEXT_FORMAT}"
+        history_msgs = messages(render(Trajectory(id="prompt", source="agent", steps=history), RenderOptions(
+            reasoning=False, web_max_chars=self.max_history_chars), require_assistant=False))
+        if self.mode == "text":
+            history_msgs = [_as_text(m) for m in history_msgs]
+        # A hoisted system turn from the history joins ours: chat templates take one system message.
+        if history_msgs and history_msgs[0]["role"] == "system":
+            system = f"{system}\n\n{history_msgs.pop(0)['content']}"
+        return [{"role": "system", "content": system}, *_trim(history_msgs, self.max_history_chars)]
+
+    async def propose(self, history: list[Step], *, n: int = 1, guidance: str | None = None) -> list[Proposal]:
+        """n candidate next actions (distinct samples: each is its own cache entry)."""
+        msgs = self.prompt(history, guidance)
+        params: dict[str, Any] = {}
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        if self.mode == "tools":
+            completions = await self.llm.chat(msgs, tools=openai_tools(self.tools), n=n, **params)
+        else:
+            completions = await self.llm.chat(msgs, n=n, **params)
+        return [self._read(c.text, c.tool_calls) for c in completions]
+
+    def _read(self, text: str, tool_calls: list[Any]) -> Proposal:
+        visible, reasoning = strip_reasoning(text or "")
+        if tool_calls:
+            call = tool_calls[0]
+            try:
+                arguments = orjson.loads(call.arguments) if call.arguments.strip() else {}
+            except orjson.JSONDecodeError:
+                return Proposal(None, call.arguments, f"arguments of {call.name!r} are not JSON")
+            if not isinstance(arguments, dict):
+                return Proposal(None, call.arguments, f"arguments of {call.name!r} are not a JSON object")
+            return Proposal(ApiAction(function=call.name, arguments=arguments, thought=visible or None,
+                                      reasoning=reasoning, tool_call_id=call.id), text)
+        try:
+            thought, reasoning, calls = parse_assistant(text or "")
+        except TranscriptError as exc:
+            return Proposal(None, text, str(exc))
+        if calls:
+            call = calls[0]
+            if not isinstance(call.arguments, dict):
+                return Proposal(None, text, f"arguments of {call.name!r} are not a JSON object")
+            return Proposal(ApiAction(function=call.name, arguments=call.arguments, thought=thought or None,
+                                      reasoning=reasoning), text)
+        if not thought:
+            return Proposal(None, text, "empty answer")
+        return Proposal(MessageAction(content=thought, reasoning=reasoning), text)
+
+
+def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """Chat messages without tool roles, for servers that have no function calling."""
+    if message["role"] == "tool":
+        return {"role": "user", "content": f"TOOL: {message['content']}"}
+    if message.get("tool_calls"):
+        calls = "".join(
+            f'<tool_call>{{"name": {orjson.dumps(c["function"]["name"]).decode()}, "arguments": {c["function"]["arguments"]}}}</tool_call>'
+            for c in message["tool_calls"]
+        )
+        return {"role": "assistant", "content": f"{message.get('content') or ''}\n{calls}".strip()}
+    return {"role": message["role"], "content": message.get("content") or ""}
+
+
+def _trim(history: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Keep the first message (the task) and as many recent ones as fit in `limit` characters."""
+    if not history:
+        return history
+    size = sum(len(str(m.get("content") or "")) for m in history)
+    if size <= limit:
+        return history
+    head, tail = history[:1], history[1:]
+    while tail and size > limit:
+        dropped = tail.pop(0)
+        size -= len(str(dropped.get("content") or ""))
+    # Never start on a tool answer whose call was dropped (templates reject orphans).
+    while tail and tail[0]["role"] == "tool":
+        tail.pop(0)
+    return head + tail
+
+
+

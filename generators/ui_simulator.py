@@ -1,0 +1,420 @@
+"""UI-Simulator / UI-Simulator-Grow: propose web tasks from what the site shows, roll them out, judge, relabel, grow.
+
+One method task per proposal round (`rounds`; id `round-NNNN`), in the `web` shop or the
+simulated web env (`env: simulated`, `env_config: {mode: web, policy: <site description>}`):
+
+1. **explore** — reset the env on an exploration task and take a short seeded random walk
+   (`walk_steps` clicks on clickable elements of the accessibility tree; no model call for the
+   agent side), collecting the pages.
+2. **propose** — the model sees the pages and the agent's actions and proposes
+   `tasks_per_round` tasks (structured: `{instruction, expected_outcome}`); no valid answer
+   quarantines the round (stage "propose").
+3. **rollout** — the agent (`AgentPolicy`) attempts each task up to `attempts` times
+   (attempt k > 0 marks its prompt, so each is its own cache entry); a task is **dropped**
+   after `max_failures` failed attempts (counted in `dropped_tasks` and per failure reason).
+4. **judge** — the model judges each attempt (structured `{reasoning, success}`) against the
+   instruction and the expected outcome. Failed attempts are filtered by "completion" with the
+   reason ("unsuccessful: ...", "no verdict: ...", "max_parse_failures: ...") unless `keep_failed`.
+5. **rewrite** — retrospective relabeling: the model rewrites the instruction to match what the
+   trajectory actually did (structured `{instruction}`); the trajectory's first user step gets
+   the rewritten instruction, `details` keeps the original.
+6. **grow** (`grow: true`, UI-Simulator-Grow) — a task whose success rate over its attempts lies
+   in `[band_low, band_high]` (neither trivial nor hopeless: the most to learn) gets
+   `variants_per_task` variants (structured: harder / easier), which go through 3-6 too, up to
+   `grow_rounds` generations; variants record their parent task id in `provenance.parent_ids`.
+
+The reward is the judge's verdict (1.0 / 0.0); the env's own goal check does not apply to
+proposed tasks (they have no goal).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import orjson
+from pydantic import BaseModel, Field, model_validator
+
+from backends.errors import LLMRequestError
+from envs.base import Environment, Task
+from envs.simulated.env import SimulationError
+from generators._episode import EnvMaker, Episode, close_env, play_episode
+from generators.agent import AgentPolicy
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.registry import register_method
+from generators.rollout import ATTEMPT
+from generators.transcript import render_transcript, tools_block
+from schemas.models import ApiAction, Step, TextObservation, Trajectory, WebObservation
+from schemas.store import Dataset
+
+PROPOSE_SYSTEM = (
+    "You write tasks for training web agents. From the pages of a web site that an explorer saw, propose "
+    "realistic, diverse tasks a user could ask an agent to do on this site with the given actions; each "
+    "must be feasible from what the pages show and have a checkable outcome. Answer with a JSON object "
+    '{"tasks": [{"instruction": str, "expected_outcome": str}]}.'
+)
+PROPOSE_USER = "PROPOSE TASKS (round {round}): write {n} tasks.\nAgent actions (JSON, one per line):\n{tools}\n\nPages seen:\n{pages}"
+JUDGE_SYSTEM = (
+    "You judge whether a web agent completed a task. You see the task, its expected outcome and the "
+    'transcript (actions and pages). Answer with a JSON object {"reasoning": str, "success": bool}: success '
+    "only if the transcript shows the expected outcome reached."
+)
+JUDGE_USER = "JUDGE TASK COMPLETION\nTask: {instruction}\nExpected outcome: {expected}\n\nTranscript:\n{transcript}"
+REWRITE_SYSTEM = (
+    "You relabel agent trajectories. Rewrite the task instruction so that it asks for exactly what the "
+    "agent actually did and achieved in the transcript (keep the user's voice, be specific, do not mention "
+    'the agent). Answer with a JSON object {"instruction": str}.'
+)
+REWRITE_USER = "REWRITE INSTRUCTION\nOriginal task: {instruction}\n\nTranscript:\n{transcript}"
+VARIANT_SYSTEM = (
+    "You grow a curriculum of web tasks. Given a task the agent solves only sometimes, write variants on the "
+    "same site: some harder (more constraints or steps), some easier (fewer). Answer with a JSON object "
+    '{"variants": [{"instruction": str, "expected_outcome": str, "direction": "harder" | "easier"}]}.'
+)
+VARIANT_USER = (
+    "GROW TASK VARIANTS: write {n} variants.\nTask: {instruction}\nExpected outcome: {expected}\n"
+    "Agent success: {successes} of {attempts} attempts."
+)
+EXPLORE = "Explore the site."
+
+
+class ProposedTask(BaseModel):
+    instruction: str
+    expected_outcome: str
+
+
+class Proposals(BaseModel):
+    tasks: list[ProposedTask]
+
+
+class Verdict(BaseModel):
+    reasoning: str
+    success: bool
+
+
+class Rewrite(BaseModel):
+    instruction: str
+
+
+class Variant(BaseModel):
+    instruction: str
+    expected_outcome: str
+    direction: Literal["harder", "easier"]
+
+
+class Variants(BaseModel):
+    variants: list[Variant]
+
+
+class UISimulatorConfig(MethodConfig):
+    method: Literal["ui_simulator"] = "ui_simulator"
+    env: str = Field("web", description="web, or simulated with env_config.mode = web")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
+    rounds: int = Field(2, ge=1, description="proposal rounds (the method's tasks)")
+    tasks_per_round: int = Field(3, ge=1, description="tasks proposed per round")
+    walk_steps: int = Field(2, ge=0, description="random clicks before proposing")
+    attempts: int = Field(2, ge=1, description="rollouts per proposed task")
+    max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")
+    max_steps: int = Field(12, ge=1)
+    max_parse_failures: int = Field(2, ge=1)
+    agent_mode: Literal["tools", "text"] = "tools"
+    agent_temperature: float | None = None
+    rewrite: bool = Field(True, description="relabel kept trajectories with what they actually did")
+    keep_failed: bool = False
+    grow: bool = False
+    band_low: float = Field(0.25, ge=0, le=1)
+    band_high: float = Field(0.75, ge=0, le=1)
+    variants_per_task: int = Field(2, ge=1)
+    grow_rounds: int = Field(1, ge=1, description="generations of variants")
+    max_page_chars: int = Field(3000, ge=200, description="per page shown to the proposer")
+    max_transcript_chars: int = Field(8000, ge=500)
+
+    @model_validator(mode="after")
+    def _band(self) -> UISimulatorConfig:
+        if self.band_low > self.band_high:
+            raise ValueError("band_low must be <= band_high")
+        return self
+
+
+@dataclass
+class _Node:
+    """A task to attempt: proposed (depth 0) or a variant of a parent task."""
+
+    task: Task
+    expected: str
+    depth: int = 0
+    parent: str | None = None
+    direction: str | None = None
+    successes: int = 0
+    tried: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def _elements(axtree: str | None) -> list[dict[str, Any]]:
+    """Elements of an accessibility tree in JSON (flat `elements` lists or nested `children`)."""
+    try:
+        root = orjson.loads(axtree or "")
+    except orjson.JSONDecodeError:
+        return []
+    out: list[dict[str, Any]] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+        elif isinstance(node, dict):
+            if "role" in node:
+                out.append(node)
+            for key in ("elements", "children"):
+                if isinstance(node.get(key), list):
+                    stack.append(node[key])
+    return out
+
+
+def random_click(page: Step, tools: list[Any], rng: random.Random) -> ApiAction | None:
+    """A click on a random clickable element of `page`, with the env's click tool; None if there is none."""
+    click = next((t for t in tools if t.name == "click"), None)
+    if click is None or not isinstance(page, WebObservation):
+        return None
+    props = (click.parameters or {}).get("properties", {})
+    required = (click.parameters or {}).get("required") or list(props)
+    if not required:
+        return None
+    arg = required[0]
+    ids = [str(e.get("bid", e.get("id"))) for e in _elements(page.axtree)
+           if (e.get("bid") is not None or e.get("id") is not None)
+           and (e.get("clickable") or e.get("role") in ("link", "button"))]
+    if not ids:
+        return None
+    value: Any = rng.choice(ids)
+    if props.get(arg, {}).get("type") == "integer" and value.isdigit():
+        value = int(value)
+    return ApiAction(function="click", arguments={arg: value}, thought="(exploring)")
+
+
+@register_method
+class UISimulator(GenerationMethod):
+    """UI-Simulator(-Grow): explore, propose tasks, roll out, judge, relabel, grow variants in the difficulty band."""
+
+    name = "ui_simulator"
+    Config = UISimulatorConfig
+    templates = (PROPOSE_SYSTEM, PROPOSE_USER, JUDGE_SYSTEM, JUDGE_USER, REWRITE_SYSTEM, REWRITE_USER,
+                 VARIANT_SYSTEM, VARIANT_USER, ATTEMPT)
+    config: UISimulatorConfig
+
+    def __init__(self, config: UISimulatorConfig, llm: Any):
+        super().__init__(config, llm)
+        self.make_env = EnvMaker(config.env, config.env_config, llm)
+
+    def tasks(self) -> Iterable[TaskSpec]:
+        for r in range(self.config.rounds):
+            yield TaskSpec(id=f"round-{r:04d}", payload={"round": r})
+
+    def prepare(self, output: Dataset) -> None:
+        self.make_env.output = Path(output.path)
+
+    async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
+        try:
+            return await super().run(tasks, output, progress=progress)
+        finally:
+            await self.make_env.aclose()
+
+    # ---- the round ----------------------------------------------------------------------------
+
+    async def run_task(self, spec: TaskSpec) -> TaskResult:
+        result = TaskResult()
+        try:
+            await self._round(spec, int(spec.payload["round"]), result)
+        except LLMRequestError as exc:
+            result.fail(spec.id, "llm", str(exc), spec.payload)
+        except SimulationError as exc:
+            result.fail(spec.id, "simulator", f"SimulationError: {exc}", spec.payload)
+        return result
+
+    def _base_task(self, env: Environment, r: int) -> Task:
+        """A valid task of the env (for its params, e.g. the catalog seed) to explore from."""
+        try:
+            base = env.generate_tasks(1, seed=self.config.seed + r)[0]
+        except NotImplementedError:
+            base = Task(id="explore", env=env.name, instruction=EXPLORE)
+        return base.model_copy(update={"id": f"round-{r:04d}/explore", "instruction": EXPLORE, "goal": {},
+                                       "metadata": {}})
+
+    async def _round(self, spec: TaskSpec, r: int, result: TaskResult) -> None:
+        env = self.make_env()
+        try:
+            base = self._base_task(env, r)
+            tools = env.tools()
+            pages = [await env.areset(base)]
+            rng = random.Random(f"ui-simulator-walk-{self.config.seed}-{r}")
+            for _ in range(self.config.walk_steps):
+                action = random_click(pages[-1], tools, rng)
+                if action is None:
+                    break
+                step = await env.astep(action)
+                if step.info.get("error") or not isinstance(step.observation, WebObservation):
+                    continue
+                pages.append(step.observation)
+                if step.done:
+                    break
+        finally:
+            await close_env(env)
+        shown = "\n\n".join(f"Page {i}: {p.url or ''}\n{(p.axtree or p.html or '')[: self.config.max_page_chars]}"
+                            for i, p in enumerate(pages, 1) if isinstance(p, WebObservation))
+        proposals = await self.llm.structured(
+            [{"role": "system", "content": PROPOSE_SYSTEM},
+             {"role": "user", "content": PROPOSE_USER.format(round=r, n=self.config.tasks_per_round,
+                                                             tools=tools_block(tools), pages=shown)}], Proposals)
+        if proposals is None or not proposals.tasks:
+            result.fail(spec.id, "propose", "no valid task proposals", {"round": r, "pages": len(pages)})
+            return
+        result.counts["proposed_tasks"] += min(len(proposals.tasks), self.config.tasks_per_round)
+        start = pages[0]
+        params = dict(base.params)
+        if self.config.env == "simulated" and isinstance(start, WebObservation):
+            # Every task of the round opens on the page that was explored (no new start page per task).
+            params["start_page"] = {"url": start.url or "", "axtree": start.axtree or ""}
+        queue: deque[_Node] = deque(
+            _Node(base.model_copy(update={"id": f"{spec.id}/t{j}", "instruction": p.instruction, "params": params,
+                                          "metadata": {"expected_outcome": p.expected_outcome}}), p.expected_outcome)
+            for j, p in enumerate(proposals.tasks[: self.config.tasks_per_round]))
+        walk = [p.url for p in pages if isinstance(p, WebObservation)]
+        while queue:
+            node = queue.popleft()
+            await self._attempts(node, tools, r, walk, result)
+            queue.extend(await self._grow(node, result))
+
+    # ---- one task: attempts, judge, rewrite -----------------------------------------------------
+
+    async def _attempts(self, node: _Node, tools: list[Any], r: int, walk: list[str | None], result: TaskResult) -> None:
+        cfg = self.config
+        for a in range(cfg.attempts):
+            task = node.task
+            if a > 0 and cfg.env == "simulated":
+                task = task.model_copy(update={"params": {**task.params, "sample": a}})
+            env = self.make_env()
+            try:
+                policy = AgentPolicy(self.llm, tools, mode=cfg.agent_mode, temperature=cfg.agent_temperature)
+                episode = await play_episode(env, policy, task, max_steps=cfg.max_steps, score=False,
+                                             max_parse_failures=cfg.max_parse_failures,
+                                             guidance=ATTEMPT.format(n=a + 1) if a > 0 else None)
+            finally:
+                await close_env(env)
+            node.tried += 1
+            result.counts["attempts"] += 1
+            result.counts["parse_failures"] += episode.parse_failures
+            trajectory = self._trajectory(node, a, episode, tools, r, walk)
+            verdict = None if episode.failed else await self._judge(node, episode)
+            if verdict is not None:
+                trajectory.details["judge"] = verdict.model_dump()
+            if verdict is not None and verdict.success:
+                node.successes += 1
+                result.counts["successes"] += 1
+                trajectory.reward, trajectory.success = 1.0, True
+                await self._relabel(trajectory, result)
+                result.trajectories.append(trajectory)
+                continue
+            if episode.failed:
+                reason = f"max_parse_failures: {episode.parse_failures} unreadable answers"
+            elif verdict is None:
+                reason = "no verdict: no valid judge answer"
+            else:
+                reason = f"unsuccessful: {verdict.reasoning}"
+            node.failures.append(reason.split(":")[0])
+            result.counts[f"failed:{node.failures[-1]}"] += 1
+            if cfg.keep_failed:
+                await self._relabel(trajectory, result)
+                result.trajectories.append(trajectory)
+            else:
+                result.reject(trajectory, "completion", reason)
+            if len(node.failures) >= cfg.max_failures:
+                result.counts["dropped_tasks"] += 1
+                break
+
+    def _transcript(self, steps: list[Step]) -> str:
+        text = render_transcript(steps)
+        limit = self.config.max_transcript_chars
+        return text if len(text) <= limit else "[...]\n" + text[-limit:]
+
+    async def _judge(self, node: _Node, episode: Episode) -> Verdict | None:
+        return await self.llm.structured(
+            [{"role": "system", "content": JUDGE_SYSTEM},
+             {"role": "user", "content": JUDGE_USER.format(instruction=node.task.instruction, expected=node.expected,
+                                                           transcript=self._transcript(episode.steps))}], Verdict)
+
+    async def _relabel(self, trajectory: Trajectory, result: TaskResult) -> None:
+        if not self.config.rewrite:
+            return
+        original = trajectory.details["original_instruction"]
+        answer = await self.llm.structured(
+            [{"role": "system", "content": REWRITE_SYSTEM},
+             {"role": "user", "content": REWRITE_USER.format(instruction=original,
+                                                             transcript=self._transcript(trajectory.steps))}], Rewrite)
+        if answer is None or not answer.instruction.strip():
+            result.counts["rewrite_failed"] += 1
+            return
+        first = trajectory.steps[0]
+        assert isinstance(first, TextObservation) and first.source == "user"
+        first.content = answer.instruction.strip()
+        trajectory.details["rewritten_instruction"] = first.content
+        result.counts["rewritten"] += 1
+
+    def _trajectory(self, node: _Node, a: int, episode: Episode, tools: list[Any], r: int,
+                    walk: list[str | None]) -> Trajectory:
+        parents = [node.parent] if node.parent else []
+        return Trajectory(
+            id=f"{self.name}/{node.task.id}#{a}",
+            source=self.name,
+            steps=episode.steps,
+            tools=tools,
+            reward=0.0,
+            success=False,
+            provenance=self.provenance(node.task.id, parents=parents, seed=a).model_copy(
+                update={"source_id": node.task.id}),
+            details={
+                "env": self.make_env.describe(),
+                "round": r,
+                "walk": walk,
+                "task": {"id": node.task.id, "expected_outcome": node.expected, "depth": node.depth,
+                         "parent": node.parent, "direction": node.direction},
+                "original_instruction": node.task.instruction,
+                "attempt": a,
+                "stop_reason": episode.stop_reason,
+                "actions": episode.actions,
+                "parse_failures": episode.parse_failures,
+                "action_errors": episode.action_errors,
+            },
+        )
+
+    # ---- grow -----------------------------------------------------------------------------------
+
+    async def _grow(self, node: _Node, result: TaskResult) -> list[_Node]:
+        cfg = self.config
+        if not cfg.grow or node.depth >= cfg.grow_rounds or not node.tried:
+            return []
+        if len(node.failures) >= cfg.max_failures:
+            return []  # dropped tasks are not grown
+        rate = node.successes / node.tried
+        if not cfg.band_low <= rate <= cfg.band_high:
+            result.counts["outside_band"] += 1
+            return []
+        answer = await self.llm.structured(
+            [{"role": "system", "content": VARIANT_SYSTEM},
+             {"role": "user", "content": VARIANT_USER.format(n=cfg.variants_per_task, instruction=node.task.instruction,
+                                                             expected=node.expected, successes=node.successes,
+                                                             attempts=node.tried)}], Variants)
+        if answer is None:
+            result.counts["grow_failed"] += 1
+            return []
+        variants = answer.variants[: cfg.variants_per_task]
+        result.counts["variants"] += len(variants)
+        return [
+            _Node(node.task.model_copy(update={"id": f"{node.task.id}/v{m}", "instruction": v.instruction,
+                                               "metadata": {"expected_outcome": v.expected_outcome,
+                                                            "direction": v.direction}}),
+                  v.expected_outcome, depth=node.depth + 1, parent=node.task.id, direction=v.direction)
+            for m, v in enumerate(variants)
+        ]

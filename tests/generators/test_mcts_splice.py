@@ -1,0 +1,103 @@
+"""mcts_splice on retail with a scripted model: exact masks of spliced paths, truly shared pair prefixes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from generators.base import TaskSpec
+from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig, shared_prefix, splice
+from schemas.models import ApiAction, MessageAction, TextObservation
+from schemas.store import Dataset
+from tests.generators.test_mcts_scripted import ScriptedRetailLLM, cancel_tasks
+
+
+def _method(**cfg) -> tuple[MCTSSplice, ScriptedRetailLLM]:
+    tasks = cancel_tasks(1)
+    llm = ScriptedRetailLLM(tasks)
+    method = MCTSSplice(MCTSSpliceConfig(num_tasks=1, **cfg), llm)
+    assert [t.id for t in method.tasks()] == [tasks[0].id]  # env.generate_tasks(1, 0) is a cancel task
+    return method, llm
+
+
+@pytest.fixture(scope="module")
+def result():
+    method, _ = _method()
+    return asyncio.run(method.run_task(TaskSpec(id=cancel_tasks(1)[0].id)))
+
+
+def test_spliced_masks_are_exact(result):
+    spliced = {t.id.rsplit("/", 2)[-2]: t for t in result.trajectories if t.details["role"] == "spliced"}
+    assert set(spliced) == {"n2+n1", "n6+n1", "n10+n3", "n14+n4"}
+    # n2 = the wrong cancel right at the root: [0] task, [1] wrong cancel (masked), [2] its result
+    # (masked), [3] revision thought, then n1's whole path from step 1 on (trained).
+    t = spliced["n2+n1"]
+    assert [i for i, s in enumerate(t.steps) if not s.train] == [1, 2]
+    assert t.details["splice"] == {**t.details["splice"], "prefix_len": 1, "first_error": 1, "masked": [1, 2],
+                                   "revision_index": 3, "error_source": "llm"}
+    assert t.steps[1].kind == "api" and t.steps[1].function == "cancel_pending_order"
+    assert isinstance(t.steps[3], MessageAction) and t.steps[3].extra == {"kind": "revision"} and t.steps[3].train
+    assert [s.function for s in t.steps if s.kind == "api" and s.train] == [
+        "find_user_id_by_name_zip", "get_order_details", "cancel_pending_order"]
+    assert t.reward == 1.0 and t.success
+    # n6: wrong cancel after finding the user: prefix [0..2] trained, [3, 4] masked, [5] revision.
+    for key in ("n6+n1", "n10+n3", "n14+n4"):
+        s = spliced[key]
+        assert [i for i, st in enumerate(s.steps) if not st.train] == [3, 4]
+        assert s.details["splice"]["revision_index"] == 5 and s.steps[5].extra["kind"] == "revision"
+        assert all(st.train for st in s.steps[:3])
+    # Tool call ids stay unique within a spliced trajectory.
+    ids = [s.tool_call_id for s in t.steps if s.kind == "api"]
+    assert len(ids) == len(set(ids))
+
+
+def test_pairs_share_exactly_their_prefix(result):
+    by_id = {t.id: t for t in result.trajectories}
+    assert len(result.pairs) == 8
+    assert {p.level for p in result.pairs} == {"trajectory", "step"}
+    assert len(by_id) == len(result.trajectories)  # unique ids
+    for pair in result.pairs:
+        chosen, rejected = by_id[pair.chosen_id], by_id[pair.rejected_id]
+        k = pair.prefix_len
+        assert chosen.steps[:k] == rejected.steps[:k]
+        assert chosen.steps[k] != rejected.steps[k] and chosen.steps[k].kind in ("api", "message")
+        assert pair.chosen_reward == 1.0 and pair.rejected_reward == 0.0
+        if pair.level == "step":
+            assert len(chosen.steps) == len(rejected.steps) == k + 1
+        else:
+            assert chosen.success and not rejected.success
+
+
+def test_first_error_sources():
+    for verifier, source in (("rules", "rules"), ("divergence", "divergence")):
+        method, _ = _method(verifier=verifier, max_pairs_per_task=1)
+        r = asyncio.run(method.run_task(TaskSpec(id=cancel_tasks(1)[0].id)))
+        spliced = [t for t in r.trajectories if t.details["role"] == "spliced"]
+        assert len(spliced) == 1 and spliced[0].details["splice"]["error_source"] == source
+        assert spliced[0].details["splice"]["first_error"] == 1
+        assert r.counts[f"first_error_{source}"] == 1
+
+
+def test_splice_function_masks_bad_segment_up_to_the_error():
+    obs = lambda c: TextObservation(content=c, source="environment")  # noqa: E731
+    a = lambda f: ApiAction(function=f, tool_call_id=f"x{f}")  # noqa: E731
+    prefix = [obs("task")]
+    bad = prefix + [a("b1"), obs("r1"), a("b2"), obs("r2"), a("b3"), obs("r3")]
+    good = prefix + [a("g1"), obs("q1")]
+    assert shared_prefix(good, bad) == 1
+    steps, masked = splice(1, bad, good, error=3, revision="oops")
+    assert masked == [1, 2, 3, 4]
+    assert [s.train for s in steps] == [True, False, False, False, False, True, True, True]
+    assert steps[5].content == "oops" and steps[6].function == "g1"
+    assert [s.tool_call_id for s in steps if s.kind == "api"] == ["call_1", "call_3", "call_6"]
+
+
+def test_method_run_writes_pairs_and_members(tmp_path):
+    method, _ = _method(search={"iterations": 2, "generations": 4})
+    ds = Dataset.create(tmp_path / "out", stage="generate:mcts_splice")
+    summary = asyncio.run(method.run(method.tasks(), ds))
+    trajs = {t.id: t for t in ds.iter_records()}
+    pairs = list(ds.iter_records("pairs"))
+    assert summary.counts["pairs"] == len(pairs) > 0 and summary.counts["mcts_nodes"] == 1 + 2 * 4
+    assert all(p.chosen_id in trajs and p.rejected_id in trajs for p in pairs)
