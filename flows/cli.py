@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cmd_store
+from flows import cmd_convert, cmd_demo, cmd_export, cmd_filter, cmd_generate, cmd_store
 
 app = typer.Typer(
     name="trajforge",
@@ -18,6 +18,15 @@ app = typer.Typer(
 app.command("schema")(cmd_store.schema)
 app.command("validate")(cmd_store.validate)
 app.command("stats")(cmd_store.stats)
+app.command("generate")(cmd_generate.generate)
+app.command("methods")(cmd_generate.methods)
+app.command("convert", context_settings=cmd_convert.CONTEXT_SETTINGS)(cmd_convert.convert)
+app.command("sources")(cmd_convert.sources)
+app.command("filter", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_filter.filter_cmd)
+app.command("dedup", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_filter.dedup_cmd)
+app.command("mix")(cmd_filter.mix_cmd)
+app.command("export")(cmd_export.export)
+app.command("demo")(cmd_demo.demo)
 
 
 def main() -> None:

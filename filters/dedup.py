@@ -1,0 +1,216 @@
+"""Dedup helpers: normalized exact hashes, word n-gram shingles, MinHash signatures, LSH band
+hashes, parameters for a Jaccard threshold, and union-find over candidate edges.
+
+Everything works on Arrow batches of the trajectories table (columns `id`, `steps`) without
+building pydantic models, so signing runs at numpy speed. Signatures are datasketch MinHash
+values (scheme affine32, seed 1): `LeanMinHash(seed=1, hashvalues=sig, scheme="affine32")`
+rebuilds one for inspection.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import xxhash
+from datasketch import MinHash
+
+SEED = 1
+SCHEME = "affine32"
+DEFAULT_NGRAM = 5
+DEFAULT_THRESHOLD = 0.8
+DEFAULT_NUM_PERM = 128
+_WS = re.compile(r"\s+")
+_WORD = re.compile(r"\w+")
+_FNV = np.uint64(0x100000001B3)
+_M32 = np.uint64(0xFFFFFFFF)
+# Kinds whose text counts for near-duplicate detection: what the agent does and says, and
+# what the user asks. Environment output (pages, tool results) is left out: it is long and
+# shared by unrelated trajectories on the same site or tool.
+_NEAR_KINDS = frozenset({"api", "code", "message"})
+_STEP_FIELDS = ("kind", "source", "function", "arguments", "language", "content", "url", "html", "axtree")
+
+
+def _norm(text: str | None) -> str:
+    return _WS.sub(" ", text).strip() if text else ""
+
+
+def _canonical_args(text: str | None) -> str:
+    if not text:
+        return ""
+    try:
+        return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONDecodeError:
+        return _norm(text)
+
+
+def batch_texts(batch: pa.RecordBatch | pa.Table) -> tuple[list[str], list[str]]:
+    """(exact keys, near texts) for each row of a trajectories batch.
+
+    Exact key: every step's kind and content, whitespace-normalized, arguments with sorted
+    keys; no ids, tool_call_ids, timestamps, rewards or extras. Near text: lower-cased
+    actions and user turns.
+    """
+    steps = batch.column("steps")
+    if isinstance(steps, pa.ChunkedArray):
+        steps = steps.combine_chunks()
+    offsets = steps.offsets.to_numpy()
+    flat = steps.values
+    cols = {name: flat.field(name).to_pylist() for name in _STEP_FIELDS}
+    kinds, contents = cols["kind"], cols["content"]
+    exact, near = [], []
+    for d in range(len(batch)):
+        e_parts, n_parts = [], []
+        for i in range(offsets[d], offsets[d + 1]):
+            kind = kinds[i]
+            if kind == "api":
+                fn, args = cols["function"][i] or "", _canonical_args(cols["arguments"][i])
+                e_parts.append(f"api\x1f{fn}\x1f{args}")
+                n_parts.append(f"{fn} {args}")
+            else:
+                body = _norm(contents[i]) if kind != "web" else _norm(
+                    f"{cols['url'][i] or ''} {cols['axtree'][i] or cols['html'][i] or ''}")
+                e_parts.append(f"{kind}\x1f{cols['source'][i] or ''}\x1f{cols['language'][i] or ''}\x1f{body}")
+                if kind in _NEAR_KINDS or (kind == "text" and cols["source"][i] == "user"):
+                    n_parts.append(body)
+        exact.append("\x1e".join(e_parts))
+        near.append(" ".join(n_parts).lower())
+    return exact, near
+
+
+def exact_hash(text: str) -> int:
+    # 64-bit xxh3: the chance of any collision among 1e6 records is ~3e-8 (1e8 records: ~3e-4).
+    return xxhash.xxh3_64_intdigest(text.encode())
+
+
+def shingle_hashes(text: str, ngram: int = DEFAULT_NGRAM) -> np.ndarray:
+    """32-bit hashes of the word n-grams of `text` (one shingle for texts shorter than n words)."""
+    words = _WORD.findall(text)
+    if not words:
+        return np.zeros(1, dtype=np.uint64)
+    h32 = xxhash.xxh32_intdigest
+    hv = np.fromiter((h32(w.encode()) for w in words), dtype=np.uint64, count=len(words))
+    n = min(ngram, len(hv))
+    m = len(hv) - n + 1
+    acc = np.full(m, 0xCBF29CE484222325, dtype=np.uint64)
+    for j in range(n):  # FNV-style fold of the n word hashes at each position
+        acc = (acc ^ hv[j : j + m]) * _FNV
+    return (acc ^ (acc >> np.uint64(32))) & _M32
+
+
+class Signer:
+    """MinHash signatures with datasketch's permutations (shared, so each doc costs one numpy pass)."""
+
+    def __init__(self, num_perm: int = DEFAULT_NUM_PERM, ngram: int = DEFAULT_NGRAM) -> None:
+        self.num_perm = num_perm
+        self.ngram = ngram
+        self.permutations = MinHash(num_perm, seed=SEED, scheme=SCHEME).permutations
+
+    def sign(self, text: str) -> np.ndarray:
+        m = MinHash(self.num_perm, seed=SEED, hashfunc=int, permutations=self.permutations, scheme=SCHEME)
+        m.update_batch(shingle_hashes(text, self.ngram))
+        return m.hashvalues
+
+    def sign_many(self, texts: Iterable[str]) -> np.ndarray:
+        texts = list(texts)
+        out = np.empty((len(texts), self.num_perm), dtype=np.uint32)
+        for i, t in enumerate(texts):
+            out[i] = self.sign(t)
+        return out
+
+
+@dataclass(frozen=True)
+class LshParams:
+    bands: int
+    rows: int
+
+    def curve(self, jaccard: float) -> float:
+        """Probability that two documents with this Jaccard share at least one band."""
+        return 1.0 - (1.0 - jaccard**self.rows) ** self.bands
+
+
+def lsh_params(threshold: float, num_perm: int, fp_weight: float = 0.1, fn_weight: float = 0.9) -> LshParams:
+    """Bands x rows minimizing weighted false-positive/false-negative area around `threshold`.
+
+    Recall is weighted 9:1 because candidates are verified afterwards (estimated Jaccard from the
+    full signature >= threshold), which removes false positives but cannot recover misses.
+    """
+    from datasketch.lsh import _optimal_param
+
+    b, r = _optimal_param(threshold, num_perm, fp_weight, fn_weight)
+    return LshParams(int(b), int(r))
+
+
+def band_hashes(sigs: np.ndarray, params: LshParams) -> np.ndarray:
+    """(n, bands) uint64: one hash per band of each signature (FNV fold of the band's rows)."""
+    n = sigs.shape[0]
+    out = np.empty((n, params.bands), dtype=np.uint64)
+    s = sigs.astype(np.uint64)
+    for b in range(params.bands):
+        acc = np.full(n, 0xCBF29CE484222325 ^ b, dtype=np.uint64)
+        for j in range(b * params.rows, (b + 1) * params.rows):
+            acc = (acc ^ s[:, j]) * _FNV
+        out[:, b] = acc
+    return out
+
+
+def bucket_edges(hashes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Edges (first key of the bucket, other key) for every bucket of equal hashes with > 1 key.
+
+    Grouping by sorting: O(n log n) and memory of two arrays, where a dict would hold objects.
+    """
+    if len(hashes) < 2:
+        return np.empty((0, 2), dtype=np.uint64)
+    order = np.lexsort((keys, hashes))
+    h, k = hashes[order], keys[order]
+    same = np.empty(len(h), dtype=bool)
+    same[0] = False
+    same[1:] = h[1:] == h[:-1]
+    if not same.any():
+        return np.empty((0, 2), dtype=np.uint64)
+    starts = np.flatnonzero(~same)
+    head = np.repeat(k[starts], np.diff(np.append(starts, len(h))))
+    return np.stack([head[same], k[same]], axis=1)
+
+
+def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise fraction of equal MinHash values (the unbiased Jaccard estimate)."""
+    return (a == b).mean(axis=1)
+
+
+class UnionFind:
+    """Disjoint sets over arbitrary hashable keys (path halving, union by size)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[Any, Any] = {}
+        self.size: dict[Any, int] = {}
+
+    def find(self, x: Any) -> Any:
+        parent = self.parent
+        if x not in parent:
+            parent[x] = x
+            self.size[x] = 1
+            return x
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(self, a: Any, b: Any) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        if self.size[ra] < self.size[rb]:
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+        self.size[ra] += self.size[rb]
+
+    def groups(self) -> list[list[Any]]:
+        out: dict[Any, list[Any]] = {}
+        for x in self.parent:
+            out.setdefault(self.find(x), []).append(x)
+        return list(out.values())

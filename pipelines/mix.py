@@ -1,0 +1,133 @@
+"""AgentOhana-style mixing: balanced, seeded sampling across sources, streamed with DuckDB.
+
+Semantics. Let n_s be the number of records of source s (the `source` column, over all inputs)
+and w_s its weight (default 1). With temperature T the source probabilities are
+
+    p_s = (n_s * w_s) ** (1 / T) / sum_t (n_t * w_t) ** (1 / T)
+
+so T = 1 samples in proportion to weighted size, T -> infinity gives every source the same
+share, and T < 1 favours the large sources further. With N records wanted (`total`; default
+the sum of n_s) source s gets target t_s = N * p_s, capped at n_s: records are never repeated
+and a capped source's shortfall is not redistributed (the summary shows it).
+
+A record is kept when u(seed, id) < t_s / n_s, where u is the first 53 bits of
+md5("seed:id") as a fraction in [0, 1). So the sample is deterministic for a seed,
+independent of input order and sharding, nested across totals (a larger total keeps a
+superset), and DuckDB evaluates it while streaming the Parquet shards: nothing is
+materialized in Python beyond one Arrow batch. Counts per source are therefore t_s in
+expectation (binomial spread), not exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import duckdb
+
+from schemas.store import Dataset
+
+HASH_SCALE = float(2**53)
+
+
+class MixError(Exception):
+    """A fatal problem with a mix run (bad weights, no inputs, an unknown source)."""
+
+
+@dataclass
+class SourceMix:
+    name: str
+    available: int
+    weight: float
+    probability: float
+    target: float
+    written: int = 0
+
+
+@dataclass
+class MixSummary:
+    output: str
+    sources: list[SourceMix]
+    written: int = 0
+    seconds: float = 0.0
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def source_probabilities(sizes: dict[str, int], weights: dict[str, float], temperature: float) -> dict[str, float]:
+    """p_s ∝ (n_s * w_s) ** (1/T), normalized (the module docstring states the semantics)."""
+    if temperature <= 0:
+        raise MixError("temperature must be > 0")
+    mass = {s: (n * weights.get(s, 1.0)) ** (1.0 / temperature) for s, n in sizes.items()}
+    total = sum(mass.values())
+    if total <= 0:
+        raise MixError("all sources have zero weight or no records")
+    return {s: m / total for s, m in mass.items()}
+
+
+def _files_sql(files: Sequence[Path]) -> str:
+    return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
+
+
+def run_mix(
+    inputs: Sequence[str],
+    output: str,
+    *,
+    weights: dict[str, float] | None = None,
+    temperature: float = 1.0,
+    seed: int = 0,
+    total: int | None = None,
+    overwrite: bool = False,
+) -> MixSummary:
+    started = time.perf_counter()
+    weights = dict(weights or {})
+    if not inputs:
+        raise MixError("no inputs given")
+    if any(w < 0 for w in weights.values()):
+        raise MixError("weights must be >= 0")
+    datasets = [Dataset.open(p) for p in inputs]
+    files = {str(ds.path.resolve()): ds.shard_files("trajectories") for ds in datasets}
+    all_files = [f for fs in files.values() for f in fs]
+    if not all_files:
+        raise MixError("the inputs hold no trajectories")
+    con = duckdb.connect()
+    sizes = dict(con.sql(f"SELECT source, count(*) FROM read_parquet({_files_sql(all_files)}) GROUP BY source")
+                 .fetchall())
+    unknown = set(weights) - set(sizes)
+    if unknown:
+        raise MixError(f"weights name unknown sources {sorted(unknown)}; sources are {sorted(sizes)}")
+    probs = source_probabilities(sizes, weights, temperature)
+    n_total = sum(sizes.values()) if total is None else total
+    mixes = [SourceMix(s, sizes[s], weights.get(s, 1.0), probs[s], min(sizes[s], n_total * probs[s]))
+             for s in sorted(sizes)]
+    rates = {m.name: (m.target / m.available if m.available else 0.0) for m in mixes}
+    key = f"mix\0{sorted(files)}\0{sorted(weights.items())}\0{temperature}\0{seed}\0{total}"
+    out = Dataset.create(output, stage="mix", config_hash=hashlib.sha256(key.encode()).hexdigest(),
+                         overwrite=overwrite)
+    out.recover()
+    con.execute("CREATE TEMP TABLE rates (source VARCHAR, rate DOUBLE)")
+    con.executemany("INSERT INTO rates VALUES (?, ?)", list(rates.items()))
+    for path, shard_files in sorted(files.items()):
+        unit = "mix-" + hashlib.sha256(path.encode()).hexdigest()[:12]
+        if out.is_finished(unit) or not shard_files:
+            continue
+        query = (
+            f"SELECT t.* FROM read_parquet({_files_sql(shard_files)}) t JOIN rates r USING (source) "
+            f"WHERE (md5_number_lower('{int(seed)}:' || t.id) >> 11)::DOUBLE / {HASH_SCALE} < r.rate"
+        )
+        reader = con.sql(query).to_arrow_reader(4096)
+        with out.unit(unit) as u:
+            for batch in reader:
+                for row in batch.to_pylist():
+                    u.write_row("trajectories", row)
+                    u.counts[f"source:{row['source']}"] += 1
+    counts = out.unit_counts()
+    for m in mixes:
+        m.written = counts.get(f"source:{m.name}", 0)
+    written = sum(m.written for m in mixes)
+    out.mark_complete({"written": written, **{f"source:{m.name}": m.written for m in mixes},
+                       **{f"available:{m.name}": m.available for m in mixes}})
+    return MixSummary(str(out.path), mixes, written, time.perf_counter() - started, counts)
