@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cmd_convert, cmd_demo, cmd_export, cmd_filter, cmd_generate, cmd_store
+from flows import cmd_convert, cmd_demo, cmd_export, cmd_fake_server, cmd_filter, cmd_generate, cmd_store
 
 app = typer.Typer(
     name="trajforge",
@@ -27,6 +27,7 @@ app.command("dedup", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_filter.de
 app.command("mix")(cmd_filter.mix_cmd)
 app.command("export")(cmd_export.export)
 app.command("demo")(cmd_demo.demo)
+app.command("fake-server")(cmd_fake_server.fake_server)
 
 
 def main() -> None:

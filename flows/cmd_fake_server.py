@@ -1,0 +1,24 @@
+"""`trajforge fake-server`: a local OpenAI-compatible server with scripted latency and faults."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from backends.fake_server import FAULT_KINDS, serve_forever
+
+
+def fake_server(
+    host: Annotated[str, typer.Option(help="Address to bind (keep it on loopback).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8000,
+    latency: Annotated[float, typer.Option(help="Seconds before each answer.")] = 0.0,
+    capacity: Annotated[Optional[int], typer.Option(help="Concurrent requests before it answers 429.")] = None,
+    fault_rate: Annotated[float, typer.Option(help="Fraction of requests that fail (0..1).")] = 0.0,
+    faults: Annotated[str, typer.Option(help="Comma-separated fault kinds to draw from.")] = ",".join(FAULT_KINDS),
+    seed: Annotated[int, typer.Option(help="Seed of latency and fault draws.")] = 0,
+    log_path: Annotated[Optional[str], typer.Option(help="Append every request (no credentials) to this JSONL.")] = None,
+) -> None:
+    """Serve /v1/models and /v1/chat/completions for testing your own jobs against faults."""
+    serve_forever(host=host, port=port, latency=latency, capacity=capacity, fault_rate=fault_rate,
+                  faults=tuple(f for f in faults.split(",") if f), seed=seed, log_path=log_path)
