@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, NoReturn, TypeVar
 
 from pydantic import ValidationError
 
-from converters.errors import ConversionError
+from converters.errors import ConversionError, summarize_validation
 from converters.ids import stable_id
 from schemas.models import Trajectory
 
@@ -251,12 +251,7 @@ def check_encodable(traj: Trajectory, ctx: Ctx) -> None:
 
 
 def _summarize(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}")
-    more = exc.error_count() - len(parts)
-    return "invalid " + "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+    return "invalid " + summarize_validation(exc)
 
 
 def guarded(id_keys: Iterable[str] = ("id",)) -> Callable[[Callable[..., Trajectory]], Callable[..., Trajectory]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from converters.errors import ConversionError
+from converters.errors import ConversionError, summarize_validation
 from converters.ids import stable_id
 from converters.registry import register
 from schemas.models import ImageRef, Provenance, Trajectory
@@ -240,12 +240,7 @@ def to_adp(t: Trajectory) -> dict[str, Any]:
 
 
 def _summarize(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}")
-    more = exc.error_count() - len(parts)
-    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+    return summarize_validation(exc)
 
 
 @register("adp", sources=["neulab/agent-data-protocol (standardized)"])

@@ -6,14 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
 
 from schemas.models import Tool
+from schemas.toolcalls import describe_error
 
-_JSON_TYPE_NAMES = {
-    bool: "boolean", int: "integer", float: "number", str: "string",
-    list: "array", dict: "object", type(None): "null",
-}
 
 
 def obj(properties: dict[str, dict[str, Any]], required: list[str] | None = None) -> dict[str, Any]:
@@ -47,28 +43,7 @@ class ToolSpec:
         errors = sorted(self._validator.iter_errors(arguments), key=lambda e: (len(e.path), str(e.path)))
         if not errors:
             return None
-        return "; ".join(_describe(e) for e in errors[:3])
-
-
-def _json_type(value: Any) -> str:
-    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-def _describe(error: ValidationError) -> str:
-    where = ".".join(str(p) for p in error.path)
-    arg = f"argument '{where}'" if where else "arguments"
-    if error.validator == "required":
-        missing = [r for r in error.validator_value if isinstance(error.instance, dict) and r not in error.instance]
-        return f"missing required argument {', '.join(repr(m) for m in missing)}"
-    if error.validator == "additionalProperties":
-        allowed = set(error.schema.get("properties", {}))
-        extra = sorted(k for k in error.instance if k not in allowed)
-        return f"unexpected argument {', '.join(repr(x) for x in extra)}"
-    if error.validator == "type":
-        return f"{arg} must be of type {error.validator_value}, got {_json_type(error.instance)}"
-    if error.validator == "enum":
-        return f"{arg} must be one of {error.validator_value}, got {error.instance!r}"
-    return f"{arg}: {error.message}"
+        return "; ".join(describe_error(e) for e in errors[:3])
 
 
 def validate_call(specs: dict[str, ToolSpec], function: str, arguments: Any) -> str | None:

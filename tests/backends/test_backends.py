@@ -14,7 +14,7 @@ import pytest
 from backends import LLMConfig, ToolCall, make_llm
 from backends.errors import BackendError
 from backends.fake_backend import FakeLLM, tool_call
-from backends.fake_server import FakeServer, FakeServerConfig, Fault, Rule, ToolCallAnswer
+from backends.fake_server import FakeServer, FakeServerConfig, Rule, ToolCallAnswer
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -12,7 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 from pipelines.convert import run_convert
 from pipelines.inputs import plan_chunks

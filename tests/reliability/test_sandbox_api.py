@@ -12,7 +12,6 @@ stops them): they are expected failures of the "sandbox" layer, reported, not hi
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
