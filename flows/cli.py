@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cmd_convert, cmd_demo, cmd_export, cmd_fake_server, cmd_filter, cmd_generate, cmd_store
+from flows import cmd_convert, cmd_demo, cmd_export, cmd_fake_server, cmd_filter, cmd_generate, cmd_run, cmd_store
 
 app = typer.Typer(
     name="trajforge",
@@ -28,6 +28,8 @@ app.command("mix")(cmd_filter.mix_cmd)
 app.command("export")(cmd_export.export)
 app.command("demo")(cmd_demo.demo)
 app.command("fake-server")(cmd_fake_server.fake_server)
+app.command("run")(cmd_run.run)
+app.command("serve")(cmd_run.serve)
 
 
 def main() -> None:

@@ -1,0 +1,293 @@
+"""The Prefect pipeline flow: convert + generate -> filter -> dedup -> mix -> export, from one YAML.
+
+Each stage is a Prefect task (retries, timeout) around a library call; the library does the
+work and its own resume (finished units are never redone). The flow adds a stage-level skip:
+a stage whose output manifest says complete, with the config hash the flow recorded for the
+same stage config, is not run again. State lives in `<output>/_state/<stage>/<name>.json`.
+At the end the flow publishes a markdown artifact (counts per stage, ran/skipped and why),
+link artifacts to the outputs, and appends one line to `<output>/_runs.jsonl`.
+
+Only this package imports Prefect; generators and Beam pipelines run without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows.pipeline_config import PipelineConfig, load_pipeline_config, stage_key
+
+RUNS_FILE = "_runs.jsonl"
+STATE_DIR = "_state"
+
+
+def _version() -> str:
+    from pipelines.convert import trajforge_version
+
+    return trajforge_version()
+
+
+# ---- stage state -------------------------------------------------------------------------------
+
+
+def _state_path(cfg: PipelineConfig, stage: str, name: str) -> Path:
+    return cfg.root / STATE_DIR / stage / f"{name}.json"
+
+
+def _read_state(cfg: PipelineConfig, stage: str, name: str) -> dict[str, Any] | None:
+    p = _state_path(cfg, stage, name)
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_state(cfg: PipelineConfig, stage: str, name: str, state: dict[str, Any]) -> None:
+    p = _state_path(cfg, stage, name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, sort_keys=True, default=str))
+    tmp.replace(p)
+
+
+def _dataset_done(path: Path, expected_hash: str | None) -> bool:
+    from schemas.store import Dataset, StoreError
+
+    try:
+        ds = Dataset.open(path)
+    except StoreError:
+        return False
+    return bool(ds.complete) and expected_hash is not None and ds.config_hash == expected_hash
+
+
+def _manifest_hash(path: Path) -> str | None:
+    from schemas.store import Dataset
+
+    return Dataset.open(path).config_hash
+
+
+def _skip(cfg: PipelineConfig, stage: str, name: str, key: str, out: Path, dataset: bool = True) -> dict | None:
+    """The recorded result when this stage is already done with this config, else None."""
+    state = _read_state(cfg, stage, name)
+    if not state or state.get("key") != key:
+        return None
+    if dataset and not _dataset_done(out, state.get("config_hash")):
+        return None
+    if not dataset and not (out / "README.md").is_file():
+        return None
+    return {**state, "reason": "skipped: complete with the same config hash"}
+
+
+def _finish(cfg: PipelineConfig, stage: str, name: str, key: str, out: Path, counts: dict[str, Any],
+            dataset: bool = True) -> dict[str, Any]:
+    state = {"stage": stage, "name": name, "key": key, "output": str(out),
+             "config_hash": _manifest_hash(out) if dataset else None,
+             "counts": {k: v for k, v in sorted(counts.items())}, "finished": _now()}
+    _write_state(cfg, stage, name, state)
+    return {**state, "reason": "ran"}
+
+
+def _changed(cfg: PipelineConfig, stage: str, name: str, key: str) -> bool:
+    """A derived stage written by the flow with another config: start it afresh."""
+    state = _read_state(cfg, stage, name)
+    return state is not None and state.get("key") != key
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ---- stages ------------------------------------------------------------------------------------
+
+
+def _task(name: str):
+    def deco(fn):
+        return task(name=name, cache_policy=NO_CACHE, persist_result=False, retry_delay_seconds=2)(fn)
+    return deco
+
+
+@_task("convert")
+def convert_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
+    from pipelines.convert import DEFAULT_CHUNK_SIZE, run_convert
+
+    entry = cfg.convert[index]
+    out = cfg.stage_dir("convert", entry.name)
+    inputs = entry.resolved_inputs()
+    chunk = entry.chunk_size or DEFAULT_CHUNK_SIZE
+    key = stage_key("convert", entry.source, inputs, chunk, _version())
+    if (done := _skip(cfg, "convert", entry.name, key, out)) is not None:
+        return done
+    summary = run_convert(entry.source, inputs, str(out), chunk_size=chunk)
+    counts = {k: summary.counts[k] for k in ("in", "out", "quarantined", "duplicate")}
+    counts.update({f"quarantined:{k}": v for k, v in summary.quarantine_reasons.items()})
+    return _finish(cfg, "convert", entry.name, key, out, counts)
+
+
+@_task("generate")
+def generate_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
+    from generators.runner import generate, load_config
+    from schemas.store import Dataset
+
+    entry = cfg.generate[index]
+    out = cfg.stage_dir("generate", entry.name)
+    data = entry.method_config(cfg.llm)
+    method_cfg = load_config(data)
+    key = stage_key("generate", method_cfg.output_hash(), _version())
+    if (done := _skip(cfg, "generate", entry.name, key, out)) is not None:
+        return done
+    summary = asyncio.run(generate(method_cfg, out))
+    counts = {k: v for k, v in (Dataset.open(out).manifest().get("counts") or {}).items()}
+    counts.setdefault("tasks", summary.tasks)
+    return _finish(cfg, "generate", entry.name, key, out, counts)
+
+
+@_task("filter")
+def filter_stage(cfg: PipelineConfig, name: str, src: str, upstream: str) -> dict[str, Any]:
+    from pipelines.filter import run_filter
+
+    assert cfg.filter is not None
+    out = cfg.stage_dir("filter", name)
+    key = stage_key("filter", cfg.filter.chain, upstream, _version())
+    if (done := _skip(cfg, "filter", name, key, out)) is not None:
+        return done
+    summary = run_filter(src, list(cfg.filter.chain), str(out), overwrite=_changed(cfg, "filter", name, key))
+    return _finish(cfg, "filter", name, key, out, dict(summary.counts))
+
+
+@_task("dedup")
+def dedup_stage(cfg: PipelineConfig, name: str, src: str, upstream: str) -> dict[str, Any]:
+    from pipelines.dedup import run_dedup
+
+    assert cfg.dedup is not None
+    out = cfg.stage_dir("dedup", name)
+    d = cfg.dedup
+    key = stage_key("dedup", d.model_dump(), upstream, _version())
+    if (done := _skip(cfg, "dedup", name, key, out)) is not None:
+        return done
+    summary = run_dedup(src, str(out), threshold=d.threshold, num_perm=d.num_perm, exact_only=d.exact_only,
+                        prefer_reward=d.prefer_reward, overwrite=_changed(cfg, "dedup", name, key))
+    return _finish(cfg, "dedup", name, key, out, dict(summary.counts))
+
+
+@_task("mix")
+def mix_stage(cfg: PipelineConfig, sources: dict[str, str], upstream: list[str]) -> dict[str, Any]:
+    from pipelines.mix import run_mix
+
+    assert cfg.mix is not None
+    m = cfg.mix
+    out = cfg.stage_dir("mix", m.name)
+    key = stage_key("mix", m.model_dump(), upstream, _version())
+    if (done := _skip(cfg, "mix", m.name, key, out)) is not None:
+        return done
+    summary = run_mix(list(sources.values()), str(out), weights=m.weights, temperature=m.temperature, seed=m.seed,
+                      total=m.total, overwrite=_changed(cfg, "mix", m.name, key))
+    counts = {"written": summary.written, **{f"source:{s.name}": s.written for s in summary.sources}}
+    return _finish(cfg, "mix", m.name, key, out, counts)
+
+
+@_task("export")
+def export_stage(cfg: PipelineConfig, name: str, src: str, fmt: str, upstream: str) -> dict[str, Any]:
+    from converters.export import ExportConfig, export
+
+    label = f"{name}-{fmt}"
+    out = cfg.stage_dir("export", label)
+    key = stage_key("export", fmt, upstream, _version())
+    if (done := _skip(cfg, "export", label, key, out, dataset=False)) is not None:
+        return done
+    report = export(src, out, ExportConfig(format=fmt, overwrite=True))
+    counts = {"in": report.records_in, "exported": report.records_exported, "rows": report.rows,
+              **{f"skipped:{k}": v for k, v in report.skipped.items()}}
+    return _finish(cfg, "export", label, key, out, counts, dataset=False)
+
+
+def _configured(fn, retries: int, timeout: float):
+    return fn.with_options(retries=retries, timeout_seconds=timeout)
+
+
+# ---- flow --------------------------------------------------------------------------------------
+
+
+@flow(name="trajforge-pipeline", log_prints=True)
+def pipeline_flow(config_path: str) -> dict[str, Any]:
+    """Run every stage of the pipeline config at `config_path`; returns the per-stage results."""
+    logger = get_run_logger()
+    started = time.time()
+    cfg = load_pipeline_config(config_path)
+    cfg.root.mkdir(parents=True, exist_ok=True)
+    r, t = cfg.retries, cfg.timeouts
+    results: list[dict[str, Any]] = []
+    current: dict[str, tuple[str, str]] = {}  # dataset name -> (path, stage key)
+
+    for i, entry in enumerate(cfg.convert):
+        res = _configured(convert_stage, r, t.convert)(cfg, i)
+        results.append(res)
+        current[entry.name] = (res["output"], res["key"])
+    for i, entry in enumerate(cfg.generate):
+        res = _configured(generate_stage, r, t.generate)(cfg, i)
+        results.append(res)
+        current[entry.name] = (res["output"], res["key"])
+    if cfg.filter is not None:
+        for name, (src, up) in list(current.items()):
+            res = _configured(filter_stage, r, t.filter)(cfg, name, src, up)
+            results.append(res)
+            current[name] = (res["output"], res["key"])
+    if cfg.dedup is not None:
+        for name, (src, up) in list(current.items()):
+            res = _configured(dedup_stage, r, t.dedup)(cfg, name, src, up)
+            results.append(res)
+            current[name] = (res["output"], res["key"])
+    if cfg.mix is not None:
+        res = _configured(mix_stage, r, t.mix)(cfg, {n: p for n, (p, _) in current.items()},
+                                               [k for _, k in current.values()])
+        results.append(res)
+        current = {cfg.mix.name: (res["output"], res["key"])}
+    for fmt in cfg.export:
+        for name, (src, up) in current.items():
+            results.append(_configured(export_stage, r, t.export)(cfg, name, src, fmt, up))
+
+    seconds = round(time.time() - started, 3)
+    _publish(cfg, results)
+    line = {"time": _now(), "config": str(Path(config_path).resolve()), "seconds": seconds,
+            "flow_run_id": _flow_run_id(),
+            "stages": [{k: res[k] for k in ("stage", "name", "reason", "counts", "output")} for res in results]}
+    with open(cfg.root / RUNS_FILE, "a") as fh:
+        fh.write(json.dumps(line, default=str) + "\n")
+    for res in results:
+        logger.info("%s/%s: %s %s", res["stage"], res["name"], res["reason"], res["counts"])
+    return {"output": str(cfg.root), "seconds": seconds, "stages": results}
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id) if flow_run.id else None
+
+
+def _artifact_key(*parts: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:100]
+
+
+def _publish(cfg: PipelineConfig, results: list[dict[str, Any]]) -> None:
+    rows = ["| stage | name | reason | counts |", "|---|---|---|---|"]
+    for res in results:
+        counts = ", ".join(f"{k}={v}" for k, v in res["counts"].items())
+        rows.append(f"| {res['stage']} | {res['name']} | {res['reason']} | {counts} |")
+    rows += ["", "**Outputs**", ""]
+    rows += [f"- {res['stage']}/{res['name']}: [{res['output']}]({Path(res['output']).as_uri()})" for res in results]
+    rows += [f"- run log: [{cfg.root / RUNS_FILE}]({(cfg.root / RUNS_FILE).as_uri()})"]
+    create_markdown_artifact(key="trajforge-pipeline-summary", markdown="\n".join(rows),
+                             description=f"trajforge pipeline counts per stage ({cfg.root})")
+    for res in results:
+        if res["stage"] == "export":
+            create_link_artifact(key=_artifact_key("trajforge-export", res["name"]),
+                                 link=Path(res["output"]).as_uri(), link_text=res["output"],
+                                 description=f"export {res['name']}")

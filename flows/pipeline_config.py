@@ -1,0 +1,150 @@
+"""The one YAML config of `trajforge run` / the Prefect pipeline flow (no Prefect import here).
+
+    output: out/pipeline             # root; stage outputs go to <output>/<stage>/<name>
+    llm: {backend: llamacpp}         # default LLM for generate entries that name none
+    convert:  [{name: adp, source: adp, inputs: [samples/adp/*/sample_std.json]}]
+    generate: [{name: rollout, method: rollout, env: retail, n_tasks: 2}]
+    filter:   {chain: [{name: ...}]}               # optional, applied to every dataset
+    dedup:    {threshold: 0.8}                     # optional, applied to every dataset
+    mix:      {weights: {adp: 1.0}, temperature: 1.0, seed: 0}   # optional: one mixed dataset
+    export:   [trl-sft, trl-kto]                   # formats, per dataset (or of the mix)
+
+Relative paths are resolved against the current directory; inputs may be globs.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _check_name(v: str) -> str:
+    if not _NAME.match(v):
+        raise ValueError(f"name {v!r} must be letters, digits, '_', '.', '-'")
+    return v
+
+
+class ConvertEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    source: str
+    inputs: list[str] = Field(min_length=1)
+    chunk_size: int | None = None
+
+    _name = field_validator("name")(_check_name)
+
+    def resolved_inputs(self) -> list[str]:
+        out: list[str] = []
+        for spec in self.inputs:
+            if any(c in spec for c in "*?[") and "://" not in spec and not spec.startswith("hf:"):
+                hits = sorted(glob.glob(spec))
+                if not hits:
+                    raise ValueError(f"convert {self.name}: {spec!r} matches no file")
+                out.extend(str(Path(h).resolve()) for h in hits)
+            elif Path(spec).exists():
+                out.append(str(Path(spec).resolve()))
+            else:
+                out.append(spec)
+        return out
+
+
+class GenerateEntry(BaseModel):
+    """`name` plus a generation method config (as in `trajforge generate --config`)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    method: str
+
+    _name = field_validator("name")(_check_name)
+
+    def method_config(self, default_llm: dict[str, Any] | None) -> dict[str, Any]:
+        data = self.model_dump(exclude={"name"})
+        if "llm" not in data and default_llm is not None:
+            data["llm"] = dict(default_llm)
+        return data
+
+
+class FilterStage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    chain: list[dict[str, Any]] = Field(min_length=1)
+
+
+class DedupStage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    threshold: float = 0.8
+    num_perm: int = 128
+    exact_only: bool = False
+    prefer_reward: bool = False
+
+
+class MixStage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = "mix"
+    weights: dict[str, float] = Field(default_factory=dict)
+    temperature: float = 1.0
+    seed: int = 0
+    total: int | None = None
+
+
+class Timeouts(BaseModel):
+    """Per-task timeouts in seconds (Prefect task timeout_seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+    convert: float = 3600
+    generate: float = 6 * 3600
+    filter: float = 3600
+    dedup: float = 3600
+    mix: float = 3600
+    export: float = 3600
+
+
+class PipelineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    output: str
+    llm: dict[str, Any] | None = None
+    convert: list[ConvertEntry] = Field(default_factory=list)
+    generate: list[GenerateEntry] = Field(default_factory=list)
+    filter: FilterStage | None = None
+    dedup: DedupStage | None = None
+    mix: MixStage | None = None
+    export: list[str] = Field(default_factory=list)
+    retries: int = Field(default=1, ge=0, le=5)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "PipelineConfig":
+        names = [e.name for e in self.convert] + [e.name for e in self.generate]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"convert/generate names must be unique; repeated: {sorted(dup)}")
+        if not names:
+            raise ValueError("the config has no convert or generate entry")
+        return self
+
+    @property
+    def root(self) -> Path:
+        return Path(self.output).resolve()
+
+    def stage_dir(self, stage: str, name: str) -> Path:
+        return self.root / stage / name
+
+
+def load_pipeline_config(path: str | Path) -> PipelineConfig:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a pipeline config is a YAML mapping")
+    return PipelineConfig.model_validate(data)
+
+
+def stage_key(*parts: Any) -> str:
+    """A stable hash of a stage's config and its upstream stage keys."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
