@@ -21,6 +21,7 @@ naming the representative, the cluster and the estimated Jaccard to it.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import time
 from collections import Counter, defaultdict
@@ -95,7 +96,8 @@ class SignShard(beam.DoFn):
         sigs = bands = None
         if self.params is not None:
             sigs = np.lib.format.open_memmap(spill / f"sig-{index:06d}.npy", "w+", np.uint32, (n, self.num_perm))
-            bands = np.lib.format.open_memmap(spill / f"band-{index:06d}.npy", "w+", np.uint64, (n, self.params.bands))
+            # Band-major, so a grouping task reads one contiguous band (n x 8 bytes), not the whole file.
+            bands = np.lib.format.open_memmap(spill / f"band-{index:06d}.npy", "w+", np.uint64, (self.params.bands, n))
         ids: list[pa.Array] = []
         at = 0
         for batch in pf.iter_batches(batch_size=SIGN_BATCH, columns=["id", "steps", "reward"]):
@@ -107,7 +109,7 @@ class SignShard(beam.DoFn):
             if sigs is not None and bands is not None and self.params is not None:
                 s = self.signer.sign_many(near_texts)
                 sigs[at : at + m] = s
-                bands[at : at + m] = band_hashes(s, self.params)
+                bands[:, at : at + m] = band_hashes(s, self.params).T
             at += m
         np.save(spill / f"exact-{index:06d}.npy", exact)
         np.save(spill / f"reward-{index:06d}.npy", rewards)
@@ -137,7 +139,7 @@ class FindBuckets(beam.DoFn):
             if band == EXACT_BAND:
                 h = np.load(spill / f"exact-{index:06d}.npy")
             else:
-                h = np.asarray(np.load(spill / f"band-{index:06d}.npy", mmap_mode="r")[:, band])
+                h = np.array(np.load(spill / f"band-{index:06d}.npy", mmap_mode="r")[band])
             k = _key(index, np.arange(len(h)))
             if self.partitions > 1:
                 mine = (h % np.uint64(self.partitions)) == part
@@ -210,11 +212,32 @@ class DedupSummary:
 
 
 class _Spill:
-    """Driver-side random access to the spill files (memory-mapped; only touched rows are read)."""
+    """Driver-side random access to the spill files.
+
+    Signature rows are read with pread, not through a memory map: duplicates are scattered, and
+    touching one 512-byte row per page of a map would make the whole signature file resident.
+    """
 
     def __init__(self, spill: Path) -> None:
         self.spill = spill
         self._cache: dict[tuple[str, int], Any] = {}
+        self._sig_files: dict[int, tuple[int, int, int]] = {}  # shard -> (fd, data offset, row bytes)
+
+    def _sig_file(self, shard: int) -> tuple[int, int, int]:
+        if shard not in self._sig_files:
+            path = self.spill / f"sig-{shard:06d}.npy"
+            with open(path, "rb") as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, _ = read(fh)
+                offset = fh.tell()
+            self._sig_files[shard] = (os.open(path, os.O_RDONLY), offset, shape[1] * 4)
+        return self._sig_files[shard]
+
+    def close(self) -> None:
+        for fd, _, _ in self._sig_files.values():
+            os.close(fd)
+        self._sig_files.clear()
 
     def _get(self, what: str, shard: int) -> Any:
         key = (what, shard)
@@ -233,13 +256,12 @@ class _Spill:
         return self._get(what, key >> 32)[key & 0xFFFFFFFF]
 
     def sigs(self, keys: np.ndarray) -> np.ndarray:
-        out = np.empty((len(keys), self._get("sig", int(keys[0] >> np.uint64(32))).shape[1]), dtype=np.uint32)
-        shards = (keys >> np.uint64(32)).astype(np.int64)
-        rows = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        for shard in np.unique(shards):
-            sel = shards == shard
-            out[sel] = self._get("sig", int(shard))[rows[sel]]
-        return out
+        fd, offset, width = self._sig_file(int(keys[0] >> np.uint64(32)))
+        buf = bytearray(len(keys) * width)
+        for i, key in enumerate(keys.tolist()):
+            fd, offset, width = self._sig_file(key >> 32)
+            buf[i * width : (i + 1) * width] = os.pread(fd, width, offset + (key & 0xFFFFFFFF) * width)
+        return np.frombuffer(bytes(buf), dtype=np.uint32).reshape(len(keys), width // 4)
 
 
 def _load_edges(spill: Path) -> tuple[np.ndarray, np.ndarray, int]:
@@ -315,6 +337,7 @@ def cluster(spill_dir: Path, output: Path, threshold: float, prefer_reward: bool
         rows["members"].append(sorted(spill.id(k) for k in ranked))
         rows["size"].append(len(ranked))
         rows["kind"].append("mixed" if len(kinds) > 1 else kinds.pop())
+    spill.close()
     for shard, entries in drops.items():
         pq.write_table(pa.Table.from_pylist(entries), spill_dir / f"drops-{shard:06d}.parquet")
     tmp = output / f".tmp-{CLUSTERS_FILE}"

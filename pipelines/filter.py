@@ -250,6 +250,6 @@ def run_filter(
     counts = summarize_units(ds, units)
     summary = FilterSummary(str(ds.path), len(shards), len(todo), counts, time.perf_counter() - started)
     if not summary.balanced:
-        raise PipelineError(f"counts do not add up: " + ", ".join(f"{k}={counts[k]}" for k in BALANCE_KEYS))
+        raise PipelineError("counts do not add up: " + ", ".join(f"{k}={counts[k]}" for k in BALANCE_KEYS))
     ds.mark_complete({k: counts[k] for k in BALANCE_KEYS} | {k: v for k, v in counts.items() if ":" in k})
     return summary
