@@ -1,6 +1,6 @@
 """xLAM / AgentOhana unified trajectories (SalesforceAIResearch/xLAM, ActionStudio) -> interlingua.
 
-Raw format (one object per trajectory; see /work/shared/data/FORMATS.md):
+Raw format (one object per trajectory):
 - `unique_trajectory_id`: string id.
 - `task_instruction`: the task / system prompt (the trainer adds a format instruction to it).
 - `tools`: list of tool specs {`name`, `description`, `parameters`} (JSON Schema, or xLAM's

@@ -22,6 +22,11 @@ from flows.progress import RichProgress
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "samples" / "adp"
+# Small training-data samples only (webarena_successful is evaluation data, never a training mix).
+DEMO_DATASETS = (
+    "agenttuning_alfworld", "agenttuning_db", "agenttuning_kg", "agenttuning_os",
+    "agenttuning_webshop", "codeactinstruct", "mini-coder", "toucan_1_5m",
+)
 ROLLOUT_CONFIG = REPO / "configs" / "rollout_retail.yaml"
 
 
@@ -37,9 +42,10 @@ def demo(
     from schemas.stats import dataset_stats
     from schemas.store import Dataset
 
-    inputs = sorted(str(p) for p in SAMPLES.glob("*/sample_std.json"))
-    if not inputs:
-        fail(f"no samples found under {SAMPLES}")
+    inputs = [str(SAMPLES / name / "sample_std.json") for name in DEMO_DATASETS]
+    missing = [p for p in inputs if not Path(p).is_file()]
+    if missing:
+        fail(f"demo input missing: {missing[0]}")
     converted, generated = output / "converted", output / "generated" / "rollout"
 
     console.rule("[bold]1/3 convert the shipped ADP samples")

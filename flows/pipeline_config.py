@@ -2,7 +2,7 @@
 
     output: out/pipeline             # root; stage outputs go to <output>/<stage>/<name>
     llm: {backend: llamacpp}         # default LLM for generate entries that name none
-    convert:  [{name: adp, source: adp, inputs: [samples/adp/*/sample_std.json]}]
+    convert:  [{name: adp, source: adp, inputs: [samples/adp/agenttuning_os/sample_std.json]}]
     generate: [{name: rollout, method: rollout, env: retail, n_tasks: 2}]
     filter:   {chain: [{name: ...}]}               # optional, applied to every dataset
     dedup:    {threshold: 0.8}                     # optional, applied to every dataset

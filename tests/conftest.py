@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# The ADP samples ship beside the repository (../shared/data); tests use them as fixtures.
-SHARED_DATA = Path(os.environ.get("TRAJFORGE_SHARED_DATA", REPO.parent / "shared" / "data"))
-ADP_DIR = SHARED_DATA / "adp"
+# Real ADP sample records ship in the repository (provenance: samples/README.md).
+ADP_DIR = REPO / "samples" / "adp"
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -23,6 +22,4 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def adp_dir() -> Path:
-    if not ADP_DIR.is_dir():
-        pytest.fail(f"ADP sample data not found at {ADP_DIR} (set TRAJFORGE_SHARED_DATA)")
     return ADP_DIR

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-ADP_DIR = Path("/work/shared/data/adp")
+ADP_DIR = Path(__file__).resolve().parents[2] / "samples" / "adp"
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
