@@ -112,6 +112,10 @@ class Environment(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_task(self, task: Task) -> None:
+        if task.env != self.name:
+            raise ValueError(f"task {task.id} is for {task.env!r}, not {self.name!r}")
+
     def _check_snapshot(self, snapshot: Snapshot) -> None:
         if not isinstance(snapshot, Snapshot) or snapshot.env != self.name:
             raise ValueError(f"snapshot of {getattr(snapshot, 'env', snapshot)!r} cannot restore a {self.name} environment")

@@ -64,6 +64,7 @@ class SimiaSFT(GenerationMethod):
         super().__init__(config, llm)
         self._seeds: list[Trajectory] | None = None
         self._seen: set[str] = set()
+        self._env_tools: list[Tool] | None = None
 
     def seeds(self) -> list[Trajectory]:
         if self._seeds is None:
@@ -74,12 +75,15 @@ class SimiaSFT(GenerationMethod):
         return self._seeds
 
     def tools_for(self, seed: Trajectory) -> list[Tool]:
-        if self.config.env:
+        if not self.config.env:
+            return seed.tools
+        if self._env_tools is None:
+            # Building an environment builds its world; do it once, not once per task.
             from envs.registry import make_env
 
             with make_env(self.config.env, seed=self.config.seed) as env:
-                return env.tools()
-        return seed.tools
+                self._env_tools = env.tools()
+        return self._env_tools
 
     def tasks(self) -> Iterable[TaskSpec]:
         for index, seed in enumerate(self.seeds()):

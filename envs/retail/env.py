@@ -55,8 +55,7 @@ class RetailEnv(Environment):
         return self._ep.done
 
     def reset(self, task: Task) -> Observation:
-        if task.env != self.name:
-            raise ValueError(f"task {task.id} is for {task.env!r}, not {self.name!r}")
+        self._check_task(task)
         self.db.restore(initial_snapshot(int(task.params.get("world_seed", self.seed))))
         self._ep = _Episode(task=task)
         self._user = self._make_user(task)

@@ -67,8 +67,7 @@ class WebShopEnv(Environment):
         return self._ep.done
 
     def reset(self, task: Task) -> Observation:
-        if task.env != self.name:
-            raise ValueError(f"task {task.id} is for {task.env!r}, not {self.name!r}")
+        self._check_task(task)
         self.site = _site(int(task.params.get("catalog_seed", self.seed)))
         self._ep = _Episode(task=task)
         obs = self.observe()

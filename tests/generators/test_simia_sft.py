@@ -171,3 +171,21 @@ def test_killed_generate_resumes_without_duplicates_or_repeated_calls(tmp_path):
     assert len(repeated) <= 2, f"{len(repeated)} requests repeated after resume"
     assert len(bodies) == 40
     assert "sk-test-resume" not in log.read_text()
+
+
+def test_simia_sft_takes_tools_from_an_environment(tmp_path):
+    seeds = _seed_file(tmp_path, n=2)
+    transcript = (
+        "USER: what did I order?\n"
+        'ASSISTANT: <tool_call>{"name": "find_user_id_by_email", "arguments": {"email": "a@b.c"}}</tool_call>\n'
+        "TOOL: user_1\nASSISTANT: done"
+    )
+    with FakeServer(rules=[Rule(answer=transcript)]) as server:
+        cfg = load_config(_config(seeds, server.base_url, env="retail", samples_per_seed=1))
+        asyncio.run(generate(cfg, tmp_path / "out"))
+    ds = Dataset.open(tmp_path / "out")
+    kept = list(ds.iter_records())
+    assert len(kept) == 1  # the second seed wrote the same transcript: a duplicate
+    assert "cancel_pending_order" in {t.name for t in kept[0].tools}
+    assert "search" not in {t.name for t in kept[0].tools}  # the seed's own tools are not used
+    assert [f.decision.filter for f in ds.iter_records("filtered")] == ["dedup"]
