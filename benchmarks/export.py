@@ -28,36 +28,18 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from benchmarks.store import step_pool
 from schemas.arrow import step_to_row
-from schemas.models import ApiAction, CodeAction, MessageAction, TextObservation
+from schemas.models import TextObservation
 from schemas.store import Dataset
 
 RESULTS = Path(__file__).with_name("results") / "export.json"
 _TASK = step_to_row(TextObservation(content="Find the order and refund it if it is late.", source="user"))
 
 
-def _step_pool(rng: random.Random, size: int = 512) -> list[dict[str, Any]]:
-    """Step rows to draw from, so the figure measures the export, not the data generator."""
-    words = ["alpha", "beta", "gamma", "delta", "order", "refund", "user", "late", "ship"]
-    pool = []
-    for i in range(size):
-        text = " ".join(rng.choice(words) for _ in range(rng.randint(5, 60)))
-        kind = i % 4
-        if kind == 0:
-            step = ApiAction(function=f"tool_{i % 12}", arguments={"query": text[:40], "limit": i % 10}, thought=text[:80])
-        elif kind == 1:
-            step = TextObservation(content=text, source="environment", name=f"tool_{i % 12}")
-        elif kind == 2:
-            step = CodeAction(language="python", content=f"print({i})\n# {text}", thought=text[:50])
-        else:
-            step = MessageAction(content=text)
-        pool.append(step_to_row(step))
-    return pool
-
-
 def build(path: Path, n: int, seed: int = 0) -> None:
     rng = random.Random(seed)
-    pool = _step_pool(rng)
+    pool = step_pool(rng)
     ds = Dataset.create(path)
     with ds.unit("bench") as unit:
         for i in range(n):

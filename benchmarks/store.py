@@ -25,7 +25,8 @@ from schemas.models import ApiAction, CodeAction, MessageAction, TextObservation
 from schemas.store import Dataset
 
 
-def _step_pool(rng: random.Random, size: int = 512) -> list[dict[str, Any]]:
+def step_pool(rng: random.Random, size: int = 512) -> list[dict[str, Any]]:
+    """Step rows to draw from, so a benchmark measures its subject, not the data generator."""
     pool = []
     for i in range(size):
         words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "order", "refund", "user"]) for _ in range(rng.randint(5, 60)))
@@ -44,7 +45,7 @@ def _step_pool(rng: random.Random, size: int = 512) -> list[dict[str, Any]]:
 
 def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
     rng = random.Random(seed)
-    pool = _step_pool(rng)
+    pool = step_pool(rng)
     for i in range(n):
         yield {
             "id": f"bench/{i}",
