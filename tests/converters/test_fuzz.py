@@ -32,7 +32,7 @@ ID_KEYS = {
     "nebius_SWE-agent-trajectories": ("instance_id",), "swe-gym_openhands_sampled_trajectories": ("instance_id",),
     "webarena_successful": ("task_id",), "synatra": (), "xlam": ("unique_trajectory_id", "id"),
     "mini-coder": ("id", "instance_id"), "swe-smith": ("id", "traj_id"), "toucan_1_5m": ("id", "uuid"),
-    "apigen_mt": ("id",), "screenagent": ("session_id",),
+    "apigen_mt": ("id",), "screenagent": ("session_id",), "turkingbench": ("_id",),
 }
 
 
