@@ -9,7 +9,7 @@ from envs.base import Environment
 
 EnvFactory = Callable[..., Environment]
 
-# Built-ins are imported on first use so `import envs` stays cheap (no DuckDB at import time).
+# Built-ins are imported on first use so `import envs` stays cheap.
 _BUILTIN: dict[str, str] = {
     "retail": "envs.retail.env:RetailEnv",
     "web": "envs.web.env:WebShopEnv",

@@ -70,6 +70,7 @@ class AgentPolicy:
     ) -> None:
         self.llm = llm
         self.tools = tools
+        self._wire_tools = openai_tools(tools)  # built once: every proposal sends the same specs
         self.mode = mode
         self.system = system
         self.temperature = temperature
@@ -97,7 +98,7 @@ class AgentPolicy:
         if self.temperature is not None:
             params["temperature"] = self.temperature
         if self.mode == "tools":
-            completions = await self.llm.chat(msgs, tools=openai_tools(self.tools), n=n, **params)
+            completions = await self.llm.chat(msgs, tools=self._wire_tools, n=n, **params)
         else:
             completions = await self.llm.chat(msgs, n=n, **params)
         return [self._read(c.text, c.tool_calls) for c in completions]

@@ -1,1 +1,1 @@
-"""A tau-bench-style retail customer-service environment over an in-memory DuckDB database."""
+"""A tau-bench-style retail customer-service environment over an in-memory SQLite database."""

@@ -9,7 +9,7 @@ from typing import Any
 
 Rows = dict[str, list[dict[str, Any]]]
 
-# Column name -> DuckDB type, per table; the first column(s) listed in PRIMARY_KEYS order rows.
+# Column name -> SQL type, per table; the first column(s) listed in PRIMARY_KEYS order rows.
 TABLES: dict[str, dict[str, str]] = {
     "users": {
         "user_id": "VARCHAR", "first_name": "VARCHAR", "last_name": "VARCHAR", "email": "VARCHAR",

@@ -1,4 +1,4 @@
-"""RetailEnv: the retail tools over DuckDB, a simulated user, tau-bench-style outcome reward."""
+"""RetailEnv: the retail tools over an in-memory SQLite database, a simulated user, tau-bench-style outcome reward."""
 
 from __future__ import annotations
 
