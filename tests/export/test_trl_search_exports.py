@@ -8,7 +8,7 @@ import pytest
 
 from converters.export import ExportConfig, export
 from tests.export.test_trl_trainers import _common, _load, _model, _tokenizer
-from tests.generators.test_mcts_scripted import ScriptedRetailLLM, cancel_tasks
+from generators.scripted import ScriptedRetailLLM, cancel_tasks
 from tests.generators.test_step_verify import make_verified_output
 
 pytestmark = [

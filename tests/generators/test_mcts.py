@@ -7,7 +7,7 @@ import asyncio
 from envs.retail.env import RetailEnv
 from generators.agent import AgentPolicy
 from generators.mcts import MCTS, SearchConfig, Tree, tree_signature
-from tests.generators.test_mcts_scripted import ScriptedRetailLLM, cancel_tasks
+from generators.scripted import ScriptedRetailLLM, cancel_tasks
 
 
 def _search(config: SearchConfig, **llm_kw) -> tuple[Tree, ScriptedRetailLLM]:

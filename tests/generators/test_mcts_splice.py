@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 
+from filters.step_judge import describe
 from generators.base import TaskSpec
 from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig, shared_prefix, splice
+from generators.scripted import REVISION_ANSWER, REVISION_MARK, ScriptedRetailLLM, cancel_tasks
 from schemas.models import ApiAction, MessageAction, TextObservation
 from schemas.store import Dataset
-from tests.generators.test_mcts_scripted import ScriptedRetailLLM, cancel_tasks
 
 
 def _method(**cfg) -> tuple[MCTSSplice, ScriptedRetailLLM]:
@@ -101,3 +102,28 @@ def test_method_run_writes_pairs_and_members(tmp_path):
     pairs = list(ds.iter_records("pairs"))
     assert summary.counts["pairs"] == len(pairs) > 0 and summary.counts["mcts_nodes"] == 1 + 2 * 4
     assert all(p.chosen_id in trajs and p.rejected_id in trajs for p in pairs)
+
+
+def test_model_written_revision_gets_the_error_context_and_is_spliced_trained():
+    method, llm = _method(revision="model")
+    task = cancel_tasks(1)[0]
+    r = asyncio.run(method.run_task(TaskSpec(id=task.id)))
+    spliced = [t for t in r.trajectories if t.details["role"] == "spliced"]
+    revisions = [q for q in llm.requests if REVISION_MARK in q.messages[-1]["content"]]
+    assert len(spliced) == 4 and len(revisions) == len(spliced)
+    for traj, request in zip(spliced, revisions):
+        info = traj.details["splice"]
+        error_step = traj.steps[info["first_error"]]
+        wrong = describe(error_step)
+        # One user turn at temperature 0 naming the task, the wrong step and the verifier's reason.
+        assert [m["role"] for m in request.messages] == ["user"] and request.params["temperature"] == 0.0
+        prompt = request.messages[0]["content"]
+        assert task.instruction in prompt and f"The wrong step:\n{wrong}\n" in prompt
+        assert f"Why it was wrong: {info['reason']}." in prompt and info["error_source"] == "llm"
+        # The model's text is the revision step; only the bad segment is masked.
+        revision = traj.steps[info["revision_index"]]
+        assert isinstance(revision, MessageAction) and revision.extra == {"kind": "revision"}
+        assert revision.content == REVISION_ANSWER.format(step=wrong) and revision.train
+        assert [i for i, s in enumerate(traj.steps) if not s.train] == info["masked"]
+        assert info["masked"] == list(range(info["prefix_len"], info["revision_index"]))
+        assert error_step.kind == "api" and not error_step.train and not traj.steps[info["first_error"] + 1].train

@@ -6,7 +6,7 @@ import asyncio
 
 from generators.reflection import Reflection, ReflectionConfig
 from schemas.store import Dataset
-from tests.generators.test_mcts_scripted import ScriptedRetailLLM, cancel_tasks
+from generators.scripted import ScriptedRetailLLM, cancel_tasks
 from tests.generators.test_step_verify import make_search_output
 
 

@@ -16,7 +16,7 @@ from filters.step_judge import agreement
 from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig
 from generators.step_verify import StepVerify, StepVerifyConfig
 from schemas.store import Dataset
-from tests.generators.test_mcts_scripted import ScriptedRetailLLM, cancel_tasks
+from generators.scripted import ScriptedRetailLLM, cancel_tasks
 
 
 def make_search_output(path: Path, llm: ScriptedRetailLLM, **cfg) -> Path:
