@@ -1,15 +1,21 @@
 """Curriculum and task evolution (DreamGym / AgentGen Bi-Evol), kept verifiable.
 
-Per seed task: `rollouts` attempts (one MCTS expansion of the root: `rollouts` distinct first
-actions sampled in one call, each continued greedily), rewards tracked per task
-(`RewardTracker`). A task is informative when its mean reward lies strictly inside `band`
-(neither always nor never solved: non-zero variance). Informative tasks are evolved easier and
-harder: the model writes a new instruction (structured `EvolvedTask`), and - so the result stays
-verifiable - it is mapped to the most similar environment-generated task (word overlap) among
-candidates with fewer (easier) or more (harder) reference actions. An evolved task is kept only
-if its own rollouts land in the band again (then it may be evolved further, `generations`);
-otherwise its trajectories are rejected with the reason. Every rollout is written with
-`details["curriculum"]` (task, generation, parent, mean reward, in band).
+The run goes in rounds. Round 0 attempts every seed task; each attempt is `rollouts` rollouts
+(one MCTS expansion of the root: `rollouts` first actions sampled in one call, each continued
+greedily), and the rewards are tracked per task (`RewardTracker`). The next round's tasks are
+chosen by reward variance across those rollouts: tasks neither always nor never solved (mean
+strictly inside `band`) are ranked by variance and the `select` highest are evolved easier and
+harder. Evolution keeps tasks verifiable: the model writes a new instruction (structured
+`EvolvedTask`), which is mapped to the most similar environment-generated task (word overlap)
+among `candidates` with fewer (easier) or more (harder) reference actions. An evolved task is
+attempted in the next round; its rollouts are kept only if its mean reward lands in the band
+again (then it competes for the following round, up to `generations` rounds), else they are
+rejected with the reason. Seed rollouts are always written. Every rollout carries
+`details["curriculum"]` (task, generation, parent, mean reward, variance, in band).
+
+Each round is an ordinary run over method tasks (`<seed id>` in round 0, `<parent>/<direction>`
+later), so a killed run resumes by task id; the tracker is rebuilt from what the output already
+holds (kept and rejected rollouts), so a resumed run selects the same tasks.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from pydantic import BaseModel, Field
 from envs.base import Environment, Task
 from envs.registry import make_env
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.mcts import MCTS, SearchConfig
 from generators.registry import register_method
 from schemas.models import Trajectory
+from schemas.store import Dataset
 
 EVOLVE = (
     "Here is a customer-service task an agent solves about {rate:.0%} of the time:\n{instruction}\n\n"
@@ -51,7 +58,8 @@ class CurriculumConfig(MethodConfig):
     candidates: int = Field(32, ge=1, description="environment tasks (another seed) evolution may map to")
     rollouts: int = Field(4, ge=2)
     band: tuple[float, float] = Field((0.0, 1.0), description="keep tasks whose mean reward is strictly inside")
-    generations: int = Field(1, ge=0, description="evolution rounds per seed task")
+    generations: int = Field(1, ge=0, description="evolution rounds after the seed round")
+    select: int = Field(2, ge=1, description="tasks evolved per round: the in-band ones with the highest reward variance")
     max_depth: int = Field(10, ge=1)
     temperature: float = 1.0
 
@@ -65,6 +73,13 @@ class RewardTracker:
 
     def record(self, task_id: str, reward: float) -> None:
         self.rewards[task_id].append(reward)
+
+    @classmethod
+    def of(cls, band: tuple[float, float], task_id: str, rewards: Iterable[float]) -> RewardTracker:
+        tracker = cls(band)
+        for r in rewards:
+            tracker.record(task_id, r)
+        return tracker
 
     def mean(self, task_id: str) -> float:
         return statistics.fmean(self.rewards[task_id]) if self.rewards[task_id] else 0.0
@@ -102,7 +117,7 @@ def nearest_task(instruction: str, parent: Task, pool: list[Task], direction: st
 
 @register_method
 class Curriculum(GenerationMethod):
-    """DreamGym / AgentGen: roll out tasks, keep those in the reward band, evolve them easier / harder."""
+    """DreamGym / AgentGen: roll out tasks, evolve the highest-variance ones easier / harder, keep those in band."""
 
     name = "curriculum"
     Config = CurriculumConfig
@@ -137,8 +152,40 @@ class Curriculum(GenerationMethod):
         for t in self.seed_tasks().values():
             yield TaskSpec(id=t.id, instruction=t.instruction)
 
-    async def attempt(self, task: Task, generation: int, parent: str | None) -> list[Trajectory]:
-        """`rollouts` attempts at `task`, recorded in the tracker."""
+    # ---- rounds ---------------------------------------------------------------------------------
+    async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
+        """Round 0 over `tasks`, then `generations` rounds over the evolutions of the selected tasks."""
+        specs = list(tasks)
+        summary = await super().run(specs, output, progress=progress)
+        for generation in range(1, self.config.generations + 1):
+            known = self.load_tracker(output)
+            chosen = self.tracker.select([s.id for s in specs], self.config.select)
+            specs = [TaskSpec(id=f"{parent}/{direction}", instruction=known[parent].instruction,
+                              payload={"parent": parent, "task": known[parent].model_dump(mode="json"),
+                                       "direction": direction, "generation": generation,
+                                       "parent_mean": self.tracker.mean(parent)})
+                     for parent in chosen for direction in ("easier", "harder")]
+            if not specs:
+                break
+            summary = _merge(summary, await super().run(specs, output, progress=progress))
+        return summary
+
+    def load_tracker(self, output: Dataset) -> dict[str, Task]:
+        """Rebuild the tracker from every rollout in `output` (kept and rejected); returns the tasks by id."""
+        self.tracker = RewardTracker(self.config.band)
+        known: dict[str, Task] = {}
+        records = [*output.iter_records(), *(f.record for f in output.iter_records("filtered"))]
+        for traj in sorted(records, key=lambda t: t.id):  # rollout order within a task: r0, r1, ...
+            info = traj.details.get("curriculum")
+            if info is None:
+                continue
+            self.tracker.record(info["task_id"], float(traj.reward or 0.0))
+            known.setdefault(info["task_id"], Task.model_validate(traj.details["task"]))
+        return known
+
+    # ---- one method task --------------------------------------------------------------------------
+    async def attempt(self, task: Task, key: str, generation: int, parent: str | None) -> list[Trajectory]:
+        """`rollouts` attempts at `task`, tagged with the method task id `key` and the task's statistics."""
         with self.make_env() as env:
             tools = env.tools()
         policy = AgentPolicy(self.llm, tools, temperature=self.config.temperature)
@@ -146,23 +193,23 @@ class Curriculum(GenerationMethod):
         search = SearchConfig(iterations=1, generations=self.config.rollouts, max_depth=self.config.max_depth,
                               dedupe_children=False)
         tree = await MCTS(self.make_env, policy, search, rollout_policy=greedy).search(task)
-        out = []
-        for child in tree.root.children:
-            reward = float(child.outcome or 0.0)
-            self.tracker.record(task.id, reward)
-            out.append(Trajectory(
-                id=f"{self.name}/{task.id}/g{generation}/r{len(out)}", source=self.name, steps=child.path_steps(),
+        rewards = [float(child.outcome or 0.0) for child in tree.root.children]
+        stats = RewardTracker.of(self.config.band, key, rewards)
+        info = {"task_id": key, "generation": generation, "parent": parent, "mean_reward": stats.mean(key),
+                "variance": stats.variance(key), "in_band": stats.in_band(key)}
+        return [
+            Trajectory(
+                id=f"{self.name}/{key}/g{generation}/r{i}", source=self.name, steps=child.path_steps(),
                 tools=tools, reward=reward, success=reward >= 1.0,
                 provenance=self.provenance(task.id, parents=[parent] if parent else [], seed=task.seed),
-                details={"task": task.model_dump(mode="json"), "env": self.config.env, "env_config": self.config.env_config},
-            ))
-        for t in out:
-            t.details["curriculum"] = {"task_id": task.id, "generation": generation, "parent": parent,
-                                       "mean_reward": self.tracker.mean(task.id), "in_band": self.tracker.in_band(task.id)}
-        return out
+                details={"task": task.model_dump(mode="json"), "env": self.config.env,
+                         "env_config": self.config.env_config, "curriculum": info},
+            )
+            for i, (child, reward) in enumerate(zip(tree.root.children, rewards))
+        ]
 
-    async def evolve(self, task: Task, direction: str) -> Task | None:
-        prompt = EVOLVE.format(rate=self.tracker.mean(task.id), instruction=task.instruction, direction=direction)
+    async def evolve(self, task: Task, direction: str, rate: float) -> Task | None:
+        prompt = EVOLVE.format(rate=rate, instruction=task.instruction, direction=direction)
         answer = await self.llm.structured([{"role": "user", "content": prompt}], EvolvedTask, temperature=0.7)
         if answer is None:
             return None
@@ -174,23 +221,32 @@ class Curriculum(GenerationMethod):
 
     async def run_task(self, spec: TaskSpec) -> TaskResult:
         result = TaskResult()
-        frontier = [(self.seed_tasks()[spec.id], None)]
-        for generation in range(self.config.generations + 1):
-            next_frontier = []
-            for task, parent in frontier:
-                trajs = await self.attempt(task, generation, parent)
-                if self.tracker.in_band(task.id) or generation == 0:
-                    result.trajectories.extend(trajs)  # seed tasks are always written, with their band flag
-                else:
-                    for t in trajs:
-                        result.reject(t, "curriculum_band", f"out of band: mean reward {self.tracker.mean(task.id):.2f}")
-                result.counts["curriculum_in_band" if self.tracker.in_band(task.id) else "curriculum_out_of_band"] += 1
-                if not self.tracker.in_band(task.id) or generation == self.config.generations:
-                    continue
-                for direction in ("easier", "harder"):
-                    evolved = await self.evolve(task, direction)
-                    result.counts[f"evolved_{direction}" if evolved else "evolve_failed"] += 1
-                    if evolved is not None:
-                        next_frontier.append((evolved, task.id))
-            frontier = next_frontier
+        p = spec.payload
+        seed = "parent" not in p
+        if seed:
+            trajs = await self.attempt(self.seed_tasks()[spec.id], spec.id, 0, None)
+        else:
+            evolved = await self.evolve(Task.model_validate(p["task"]), p["direction"], p["parent_mean"])
+            result.counts[f"evolved_{p['direction']}" if evolved else "evolve_failed"] += 1
+            if evolved is None:
+                return result
+            trajs = await self.attempt(evolved, spec.id, p["generation"], p["parent"])
+        in_band = bool(trajs) and trajs[0].details["curriculum"]["in_band"]
+        result.counts["curriculum_in_band" if in_band else "curriculum_out_of_band"] += 1
+        if seed or in_band:  # seed rollouts are always written, with their band flag
+            result.trajectories.extend(trajs)
+        else:
+            for t in trajs:
+                result.reject(t, "curriculum_band", f"out of band: mean reward {t.details['curriculum']['mean_reward']:.2f}")
         return result
+
+
+def _merge(a: RunSummary, b: RunSummary) -> RunSummary:
+    """One summary for all rounds (the LLM stats are cumulative already)."""
+    a.tasks += b.tasks
+    a.skipped += b.skipped
+    a.processed += b.processed
+    a.counts.update(b.counts)
+    a.reasons.update(b.reasons)
+    a.llm = b.llm
+    return a
