@@ -22,9 +22,8 @@ Per task (one challenge each, id `challenge-NNNN`):
    "failure case N passes verifier".
    Before any run, a static policy (`verifier_lint`, default on) refuses verifier code that
    imports beyond a short list of pure modules, touches dunder/frame/module attributes, uses
-   dynamic-code builtins or assigns attributes: code in the sandbox child shares the
-   interpreter with the child's result writer, so this closes the ways to forge a verdict
-   from inside (patching `json`, finding the result file through frames or `gc`).
+   dynamic-code builtins or assigns attributes. The sandbox already seals its result against
+   code it runs; the policy is a second layer that keeps verifiers to reading the state.
 4. **rollout** — the agent (`AgentPolicy`) attempts each kept task `rollouts` times; the final
    state of each episode is scored by the task's verifier in the sandbox (reward 1.0 only
    when it returns exactly True, else 0.0; a sandbox failure scores 0 and is recorded).
@@ -197,9 +196,8 @@ def verifier_problem(code: str) -> str | None:
     """Why `code` is not an acceptable verifier (None if it is).
 
     A verifier only needs to read the state. Refusing imports beyond a short list, dunder and
-    introspection attributes, dynamic-code builtins and any assignment to an attribute closes
-    the routes by which code in the sandbox child could forge the child's own verdict (patching
-    `json`, writing the result file found through frames or `gc`) before the code is ever run.
+    introspection attributes, dynamic-code builtins and any assignment to an attribute keeps a
+    verifier to reading the state, a layer on top of the sandbox's own sealed result.
     """
     import ast
 

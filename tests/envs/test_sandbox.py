@@ -150,3 +150,191 @@ def test_third_party_packages_only_on_request() -> None:
     assert run_python("import yaml\n").error_kind == "exception"  # -S: standard library only
     r = run_python("import yaml\ndef f(): return yaml.safe_load('a: 1')\n", entry="f", site_packages=True, memory_mb=512)
     assert r.ok and r.value == {"a": 1}
+
+
+# ---- the result channel, the runner's own state, and confined reads ----------------------------------------------
+
+FORGED = '{"ok": true, "value": true, "error_kind": null, "error": null, "violations": [], "isolation": [], "user_time_s": 0}'
+
+
+def test_writing_a_result_on_the_inherited_fd_is_rejected() -> None:
+    # The code finds the result fd and writes a well-formed result of its own, then exits before the runner can.
+    code = f"""
+import os, stat
+for fd in range(3, 64):
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.write(fd, {FORGED!r}.encode())
+    except OSError:
+        pass
+os._exit(0)
+"""
+    r = run_verifier("def verify(s): return False\n" + code, {})
+    assert not r.ok and not r.passed and r.error_kind == "forbidden" and "integrity" in r.error
+
+
+def test_untrusted_code_cannot_walk_up_to_the_runner() -> None:
+    r = run_python("""
+import sys
+def f():
+    frame, names = sys._getframe(), []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+""", entry="f")
+    assert r.ok and r.value == ["f", "_run_untrusted"]  # the worker thread's stack ends there
+
+
+def test_refused_introspection() -> None:
+    for code in ("import gc\ngc.get_objects()\n", "import gc\ngc.get_referrers(gc)\n", "import sys\nsys.settrace(print)\n",
+                 "import sys\nsys._current_frames()\n"):
+        r = run_python(code)
+        assert r.error_kind == "forbidden", code
+    # A refused audit hook is dropped silently (CPython's rule), so it sees nothing.
+    r = run_python("import sys\nsys.addaudithook(lambda e, a: print('seen', e))\nopen('x.txt', 'w').close()\n")
+    assert r.ok and "seen" not in r.stdout and "sys.addaudithook" in r.violations
+    # Frames of the code's own thread stay available: the standard library needs them (namedtuple, typing).
+    r = run_python("from collections import namedtuple\nimport typing, traceback\n"
+                   "def f():\n    try:\n        1 / 0\n    except ZeroDivisionError:\n        return traceback.format_exc()\n",
+                   entry="f")
+    assert r.ok and "ZeroDivisionError" in r.value
+
+
+def test_frame_access_is_refused_on_the_runner_thread(tmp_path: Path) -> None:
+    """The audit hook alone: on the thread that installed it frames are refused, on others they are not."""
+    script = tmp_path / "probe.py"
+    script.write_text(f"""
+import sys, threading, _thread
+sys.path.insert(0, {str(RUNNER.parent)!r})
+import _sandbox_runner as runner
+sys.addaudithook(runner._make_hook({str(tmp_path)!r}, [], [], _thread.get_ident()))
+def attempt(what):
+    try:
+        what()
+        return "allowed"
+    except runner.SandboxViolation:
+        return "refused"
+def tb_frame():
+    try:
+        raise ValueError
+    except ValueError as exc:
+        return exc.__traceback__.tb_frame
+main = [attempt(sys._getframe), attempt(tb_frame), attempt(lambda: (x for x in ()).gi_frame)]
+other = []
+t = threading.Thread(target=lambda: other.extend([attempt(sys._getframe), attempt(tb_frame)]))
+t.start(); t.join()
+print(main, other, attempt(__import__("gc").get_objects))
+""")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-I", "-S", str(script)], capture_output=True, text=True, timeout=30)
+    assert out.stdout.split("\n")[0] == "['refused', 'refused', 'refused'] ['allowed', 'allowed'] refused", out.stderr
+
+
+def test_replaced_globals_and_builtins_do_not_loosen_the_hook(tmp_path: Path) -> None:
+    target = tmp_path / "escaped.txt"
+    attacks = [
+        # The hook's path checks go through os.path.realpath...
+        f"import os\nscratch = os.getcwd()\nos.path.realpath = lambda p: scratch\nopen({str(target)!r}, 'w').write('x')\n",
+        # ...its tables are module globals of the runner, reachable from the socket guard...
+        "import socket\ng = socket.create_connection.__globals__\ng['_FORBIDDEN_EVENTS'] = frozenset()\n"
+        f"g['_PATH_EVENTS'] = {{}}\nimport os\nos.system('touch {target}')\n",
+        # ...and builtins are shared with the runner.
+        f"import builtins\nbuiltins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: int\n"
+        f"open({str(target)!r}, 'w').write('x')\n",
+        # A path object that names another file the second time it is converted.
+        "import io\nclass P:\n    n = 0\n    def __fspath__(self):\n        P.n += 1\n"
+        f"        return {str(target)!r} if P.n == 1 else 'inside.txt'\nio.FileIO(P(), 'w').write(b'x')\n",
+    ]
+    for code in attacks:
+        r = run_python(code)
+        assert r.error_kind == "forbidden" and not target.exists(), (code, r)
+
+
+def test_reads_are_confined_to_scratch_and_the_standard_library(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cr3t")
+    for code in (f"open({str(secret)!r}).read()", "open('/etc/passwd').read()", f"import os\nos.listdir({str(tmp_path)!r})",
+                 "open('../../etc/passwd').read()", "import os\nos.chdir('/')",
+                 # A directory fd outside the scratch directory would anchor dir_fd= calls there.
+                 "import os, json\nos.open(os.path.dirname(json.__file__), os.O_RDONLY)"):
+        r = run_python(code + "\n")
+        assert r.error_kind == "forbidden" and "s3cr3t" not in r.stdout + r.stderr + str(r.error), code
+    r = run_python("import json, os\ndef f():\n    os.mkdir('d')\n    os.chdir('d')\n    open('a.txt', 'w').write('mine')\n"
+                   "    return [len(open(json.__file__).read()) > 0, open('a.txt').read(), os.listdir('.')]\n", entry="f")
+    assert r.ok and r.value == [True, "mine", ["a.txt"]], r
+
+
+def test_results_are_read_without_running_the_codes_methods() -> None:
+    r = run_python("""
+import collections, enum, math
+class D(dict):
+    def items(self):
+        return [("forged", True)]
+    def keys(self):
+        return ["forged"]
+class L(list):
+    def __iter__(self):
+        return iter([True])
+class S(str):
+    def __str__(self):
+        return "forged"
+class Color(enum.IntEnum):
+    RED = 1
+def f():
+    return {"d": D(a=1), "l": L([1, 2]), "s": S("real"), "t": (1, "x"), "c": collections.Counter("aa"),
+            "e": Color.RED, "n": [math.inf, -math.inf], 2: None, True: 1.5}
+""", entry="f")
+    assert r.ok and r.value == {"d": {"a": 1}, "l": [1, 2], "s": "real", "t": [1, "x"], "c": {"a": 2}, "e": 1,
+                                "n": [float("inf"), float("-inf")], "2": None, "true": 1.5}
+    r = run_python("def f():\n    x = []\n    x.append(x)\n    return x\n", entry="f")
+    assert r.error_kind == "exception" and "circular" in r.error
+    r = run_python("def f():\n    return {(1, 2): 3}\n", entry="f")
+    assert r.error_kind == "exception" and "keys must be" in r.error
+
+
+def test_subinterpreters_are_refused(tmp_path: Path) -> None:
+    # A subinterpreter would run without the audit hook.
+    target = tmp_path / "sub.txt"
+    r = run_python(f"import _xxsubinterpreters as s\ns.run_string(s.create(), \"open({str(target)!r}, 'w')\")\n")
+    assert r.error_kind == "forbidden" and not target.exists()
+
+
+def test_unseal_accepts_only_intact_well_formed_results() -> None:
+    import hmac
+
+    from envs.sandbox import _unseal
+
+    key, payload = b"k" * 32, FORGED.encode()
+
+    def sealed(body: bytes, k: bytes = key) -> bytes:
+        return hmac.new(k, body, "sha256").hexdigest().encode() + b"\n" + body
+
+    assert _unseal(sealed(payload), key)["value"] is True
+    assert _unseal(sealed(payload, b"x" * 32), key) is None  # another key
+    assert _unseal(sealed(payload)[:-3] + b"  }", key) is None  # tampered after sealing
+    assert _unseal(payload, key) is None  # not sealed at all
+    assert _unseal(sealed(payload.replace(b'"error_kind": null', b'"error_kind": "timeout"')), key) is None  # misshapen
+
+
+def test_runner_code_after_startup_looks_up_no_globals() -> None:
+    """Closures that run once untrusted code has started resolve every name through their closure:
+    the code can replace the runner's module globals and the builtins."""
+    import dis
+    import types
+
+    from envs import _sandbox_runner as runner
+
+    def nested(code: types.CodeType):
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield const
+                yield from nested(const)
+
+    for factory in (runner._make_resolver, runner._make_hook, runner._make_encoder, runner._make_sealer,
+                    runner._make_reporter):
+        for code in nested(factory.__code__):
+            names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+            assert not names, f"{factory.__name__}/{code.co_name} looks up {names}"
