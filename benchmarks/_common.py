@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import platform
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).with_name("results")
+VENVS_DIR = Path(__file__).with_name(".venvs")
+FLAT_RSS = 1.2  # "flat" memory: peak RSS at the largest size at most this many times the smallest's
 
 
 def peak_rss_mb() -> float:
@@ -40,19 +44,48 @@ def write_results(name: str, rows: list[dict[str, Any]], **extra: Any) -> Path:
     return path
 
 
-def row(figure: str, value: float, unit: str, reference: float | None = None, reference_name: str = "",
-        target: str = "", passed: bool | None = None) -> dict[str, Any]:
-    ratio = value / reference if reference else None
+def row(figure: str, value: float | None, unit: str, reference: float | None = None, reference_name: str = "",
+        target: str = "", passed: bool | None = None, note: str = "") -> dict[str, Any]:
+    """One figure; `note` says why a figure with a target has no verdict (e.g. the peer could not run)."""
+    ratio = value / reference if reference and value is not None else None
     return {
         "figure": figure,
-        "value": round(value, 3),
+        "value": round(value, 3) if value is not None else None,
         "unit": unit,
         "reference": round(reference, 3) if reference is not None else None,
         "reference_name": reference_name,
         "ratio": round(ratio, 3) if ratio is not None else None,
         "target": target,
         "passed": passed,
+        "note": note,
     }
+
+
+def rss_growth_row(points: list[tuple[int, float]]) -> dict[str, Any]:
+    """Peak RSS at the largest size against the smallest: the check that memory stays flat as input grows."""
+    (n0, rss0), (n1, rss1) = min(points), max(points)
+    return row(f"peak RSS growth {n0:,} -> {n1:,} records", rss1, "MiB", rss0, f"peak RSS at {n0:,}",
+               f"<= {FLAT_RSS}x", rss1 <= FLAT_RSS * rss0)
+
+
+def ensure_venv(name: str, requirements: list[str]) -> Path:
+    """The python of a private venv under benchmarks/.venvs (git-ignored) for a peer; created once.
+
+    Raises RuntimeError with pip's last words when the peer cannot be installed (e.g. offline).
+    """
+    py = VENVS_DIR / name / "bin" / "python"
+    stamp = VENVS_DIR / name / ".installed"
+    if stamp.exists() and stamp.read_text() == " ".join(requirements):
+        return py
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENVS_DIR / name)], check=True)
+    print(f"installing {' '.join(requirements)} into {VENVS_DIR / name} ...", flush=True)
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", *requirements], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise RuntimeError(f"could not install {' '.join(requirements)}: {last}")
+    stamp.write_text(" ".join(requirements))
+    return py
 
 
 def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
@@ -60,11 +93,11 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("figure", "value", "unit", "reference", "ratio", "target", "passed"):
+    for column in ("figure", "value", "unit", "reference", "ratio", "target", "passed", "note"):
         table.add_column(column)
     for r in rows:
         table.add_row(*(str(r.get(c, "")) if r.get(c) is not None else "-" for c in
-                        ("figure", "value", "unit", "reference", "ratio", "target", "passed")))
+                        ("figure", "value", "unit", "reference", "ratio", "target", "passed", "note")))
     Console().print(table)
 
 
