@@ -6,10 +6,16 @@ backend all return `tool_calls`), `text` asks for a ReAct-style turn (thought, t
 `<tool_call>` block or a final answer) and parses it, for servers without tool support.
 A proposal that cannot be parsed is returned as such, with the raw text, so callers can
 count it as a failed step instead of crashing.
+
+Prompts are rendered incrementally: episodes and search trees ask about histories that extend
+one already shown (the same step objects plus a few new ones), so the policy keeps the rendered
+messages of recent histories and renders only the new steps. Histories are append-only: a step
+is not edited after it has been shown to the policy.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +25,9 @@ from backends.base import LLM
 from converters.export.render import RenderOptions, messages, render
 from generators.transcript import TranscriptError, parse_assistant, strip_reasoning, tools_block
 from schemas.models import ApiAction, MessageAction, Step, Tool, Trajectory
+
+ACTION_KINDS = ("api", "code", "message")
+RENDER_CACHE_SIZE = 512
 
 SYSTEM = (
     "You are an agent that completes the user's task by calling the available tools. "
@@ -75,6 +84,7 @@ class AgentPolicy:
         self.system = system
         self.temperature = temperature
         self.max_history_chars = max_history_chars
+        self._rendered = _RenderCache(RenderOptions(reasoning=False, web_max_chars=max_history_chars))
 
     def prompt(self, history: list[Step], guidance: str | None = None) -> list[dict[str, Any]]:
         system = self.system
@@ -82,8 +92,7 @@ class AgentPolicy:
             system = f"{system}\n\n{guidance}"
         if self.mode == "text":
             system = f"{system}\n\nTools (JSON, one per line):\n{tools_block(self.tools)}\n\n{TEXT_FORMAT}"
-        history_msgs = messages(render(Trajectory(id="prompt", source="agent", steps=history), RenderOptions(
-            reasoning=False, web_max_chars=self.max_history_chars), require_assistant=False))
+        history_msgs = self._rendered.messages(history)
         if self.mode == "text":
             history_msgs = [_as_text(m) for m in history_msgs]
         # A hoisted system turn from the history joins ours: chat templates take one system message.
@@ -128,6 +137,60 @@ class AgentPolicy:
         if not thought:
             return Proposal(None, text, "empty answer")
         return Proposal(MessageAction(content=thought, reasoning=reasoning), text)
+
+
+class _RenderCache:
+    """Rendered history messages by the identity of the history's steps (LRU).
+
+    An entry keeps its steps alive, so their ids cannot be reused while it exists. A history
+    that extends an entry's steps renders only the new steps, which is exact when the entry ends
+    on an observation with every tool call answered and the new steps start with an action: then
+    no message straddles the boundary (no merged calls, no pending answers, no system hoisting).
+    """
+
+    def __init__(self, opts: RenderOptions, size: int = RENDER_CACHE_SIZE) -> None:
+        self.opts = opts
+        self.size = size
+        self._entries: OrderedDict[tuple[int, ...], tuple[list[Step], list[dict[str, Any]], bool]] = OrderedDict()
+
+    def messages(self, history: list[Step]) -> list[dict[str, Any]]:
+        ids = tuple(map(id, history))
+        base, base_msgs = 0, []
+        for k in range(len(ids), 0, -1):
+            entry = self._entries.get(ids[:k])
+            if entry is not None and (k == len(ids) or (entry[2] and _opens_turn(history[k]))):
+                self._entries.move_to_end(ids[:k])
+                base, base_msgs = k, entry[1]
+                break
+        if base == len(history):
+            return list(base_msgs)
+        tail = [_pinned_call_id(step, base + j) for j, step in enumerate(history[base:])] if base else history
+        msgs = base_msgs + messages(render(Trajectory(id="prompt", source="agent", steps=tail), self.opts,
+                                           require_assistant=False))
+        self._entries[ids] = (list(history), msgs, _extensible(history, msgs))
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return list(msgs)
+
+
+def _opens_turn(step: Step) -> bool:
+    """Whether rendering `step` starts a new assistant message (an action or text the agent wrote)."""
+    return step.kind in ACTION_KINDS or (step.kind == "text" and step.source == "agent")
+
+
+def _extensible(history: list[Step], msgs: list[dict[str, Any]]) -> bool:
+    """Whether later steps may be rendered on their own after these messages (see `_RenderCache`)."""
+    if not history or history[-1].kind in ACTION_KINDS:
+        return False
+    calls = sum(len(m.get("tool_calls") or ()) for m in msgs)
+    return calls == sum(1 for m in msgs if m["role"] == "tool")
+
+
+def _pinned_call_id(step: Step, index: int) -> Step:
+    """An api step rendered away from its position keeps the id it gets there (`call_<index>`)."""
+    if step.kind == "api" and not step.tool_call_id:
+        return step.model_copy(update={"tool_call_id": f"call_{index}"})
+    return step
 
 
 def _as_text(message: dict[str, Any]) -> dict[str, Any]:

@@ -65,7 +65,8 @@ class ScriptedRetailLLM(FakeLLM):
         if REVISION_MARK in text:
             step = text.split("The wrong step:\n", 1)[1].split("\n\nWhy it was wrong:", 1)[0].strip()
             return [self._to_completion(REVISION_ANSWER.format(step=step), request, 0)]
-        return [self._to_completion(self._agent(request, i), request, i) for i in range(request.n)]
+        progress = self._progress(request.messages)
+        return [self._to_completion(self._agent(request, i, progress), request, i) for i in range(request.n)]
 
     # ---- the agent -------------------------------------------------------------------------------
     def _task(self, messages: list[dict[str, Any]]) -> Task:
@@ -75,20 +76,28 @@ class ScriptedRetailLLM(FakeLLM):
         text = " ".join(str(m.get("content")) for m in messages)
         return next(t for ins, t in self.tasks.items() if ins in text)
 
-    def _agent(self, request: ChatRequest, i: int) -> Any:
-        task = self._task(request.messages)
+    def _progress(self, msgs: list[dict[str, Any]]) -> tuple[Task, set[str], Any]:
+        """(task, calls that succeeded, next reference action or None): the same for every sample."""
+        task = self._task(msgs)
+        answers: dict[str, str] = {}  # call id -> its first answer (one pass, not one scan per call)
+        for m in msgs:
+            if m.get("tool_call_id"):
+                answers.setdefault(m["tool_call_id"], str(m.get("content", "")))
         done, failed = set(), set()
-        msgs = request.messages
-        for k, m in enumerate(msgs):
+        for m in msgs:
             for c in m.get("tool_calls") or []:
                 key = call_key(c["function"]["name"], orjson.loads(c["function"]["arguments"]))
-                answer = next((x for x in msgs[k + 1:] if x.get("tool_call_id") == c["id"]), None)
-                ok = answer is not None and not str(answer.get("content", "")).startswith("Error")
+                answer = answers.get(c["id"])
+                ok = answer is not None and not answer.startswith("Error")
                 (done if ok else failed).add(key)
         refs = task.goal["actions"]
         nxt = next((a for a in refs if call_key(a["function"], a["arguments"]) not in done), None)
         if nxt is not None and call_key(nxt["function"], nxt["arguments"]) in failed:
             nxt = None  # it failed once: give up and wrap up
+        return task, done, nxt
+
+    def _agent(self, request: ChatRequest, i: int, progress: tuple[Task, set[str], Any] | None = None) -> Any:
+        task, done, nxt = progress or self._progress(request.messages)
         order_id = task.metadata["user_info"].get("order_id", BAD_ORDER)
         choice = i % 4
         if task.id in self.solved:

@@ -6,8 +6,8 @@ and search methods take thousands of steps. A snapshot is the serialized databas
 (`Connection.serialize`, ~30 us for the whole world) and a restore loads it back
 (`deserialize`, ~20 us); images are immutable bytes, so any number of snapshots share nothing
 mutable and restore into any database. Every table carries a content token that changes on
-each write; the state hash combines per-table digests cached by token, so a step re-reads only
-the tables it changed.
+each write; the state hash combines per-table digests cached by token (process-wide, as the
+tokens are), so a step re-reads only the tables it changed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ from envs.retail.data import PRIMARY_KEYS, TABLES, Rows, generate_world
 GOAL_TABLES = ("users", "payment_methods", "orders", "order_items", "transactions")
 # Tokens come from one process-wide counter so equal tokens always mean equal content.
 _TOKENS = itertools.count(1)
+# (table, token) -> digest of that table content, shared by every database of the process.
+_DIGESTS: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+_MAX_DIGESTS = 4096
+
+
+def clear_digest_cache() -> None:
+    _DIGESTS.clear()
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class RetailDB:
     def __init__(self, snapshot: DBSnapshot) -> None:
         self.con = _connect()
         self._tokens: dict[str, int] = {t: -1 for t in TABLES}
-        self._digests: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._saved_tokens: dict[str, int] | None = None  # the tokens at `begin`, back on `rollback`
         self.restore(snapshot)
 
     # --- reads -------------------------------------------------------------------------------
@@ -86,16 +93,25 @@ class RetailDB:
 
     def begin(self) -> None:
         self.con.execute("BEGIN")
+        self._saved_tokens = dict(self._tokens)
 
     def commit(self) -> None:
         self.con.execute("COMMIT")
+        self._saved_tokens = None
 
     def rollback(self) -> None:
         self.con.execute("ROLLBACK")
+        # The content is back to what it was at `begin`, so its tokens are too (caches keep hitting).
+        if self._saved_tokens is not None:
+            self._tokens, self._saved_tokens = self._saved_tokens, None
 
     # --- snapshot / restore ------------------------------------------------------------------
+    def tokens(self) -> tuple[tuple[str, int], ...]:
+        """The content token of every table: equal tokens mean equal content."""
+        return tuple(self._tokens.items())
+
     def snapshot(self) -> DBSnapshot:
-        return DBSnapshot(self.con.serialize(), tuple(self._tokens.items()))
+        return DBSnapshot(self.con.serialize(), self.tokens())
 
     def restore(self, snapshot: DBSnapshot) -> None:
         self.con.deserialize(snapshot.image)
@@ -110,15 +126,15 @@ class RetailDB:
 
     def _table_digest(self, table: str) -> bytes:
         key = (table, self._tokens[table])
-        cached = self._digests.get(key)
+        cached = _DIGESTS.get(key)
         if cached is not None:
             return cached
         order = ", ".join(PRIMARY_KEYS[table])
         rows = self.con.execute(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
         # Values are str / int / None, whose repr is stable across runs and platforms.
-        value = self._digests[key] = hashlib.sha256(f"{table}\x00{rows!r}".encode()).digest()
-        if len(self._digests) > 4096:
-            self._digests.popitem(last=False)
+        value = _DIGESTS[key] = hashlib.sha256(f"{table}\x00{rows!r}".encode()).digest()
+        if len(_DIGESTS) > _MAX_DIGESTS:
+            _DIGESTS.popitem(last=False)
         return value
 
     def close(self) -> None:

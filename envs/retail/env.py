@@ -8,6 +8,7 @@ from typing import Any
 
 from envs.base import Environment, Snapshot, StepResult, Task, action_kind, error_observation
 from envs.retail.db import GOAL_TABLES, DBSnapshot, RetailDB, initial_snapshot
+from envs.retail.memo import MEMO, CallOutcome
 from envs.retail.tasks import generate_tasks
 from envs.retail.tools import TOOL_SPECS, ToolError, call_tool
 from envs.retail.user import SimulatedUser
@@ -87,16 +88,35 @@ class RetailEnv(Environment):
 
     def _api(self, action: ApiAction) -> StepResult:
         ids = {"name": action.function, "tool_call_id": action.tool_call_id}
-        reason = validate_call(TOOL_SPECS, action.function, action.arguments)
-        if reason is not None:
-            return StepResult(error_observation(reason, **ids), info={"error": reason})
-        try:
-            value = call_tool(self.db, action.function, action.arguments)
-        except ToolError as exc:
-            return StepResult(error_observation(str(exc), **ids), info={"error": str(exc), "rule_violation": True})
-        content = value if isinstance(value, str) else json.dumps(value)
+        key = MEMO.key(action.function, action.arguments, self.db.tokens())
+        outcome = MEMO.get(key) if key is not None else None
+        if outcome is None:
+            outcome = self._call(action.function, action.arguments)
+            if key is not None:
+                MEMO.put(key, outcome)
+        elif outcome.after is not None:
+            self.db.restore(outcome.after)
+        if outcome.error is not None:
+            info: dict[str, Any] = {"error": outcome.error}
+            if outcome.rule_violation:
+                info["rule_violation"] = True
+            return StepResult(error_observation(outcome.error, **ids), info=info)
+        assert outcome.content is not None
         done = action.function == "transfer_to_human_agents"
-        return StepResult(TextObservation(content=content, source="environment", **ids), done=done)
+        return StepResult(TextObservation(content=outcome.content, source="environment", **ids), done=done)
+
+    def _call(self, function: str, arguments: Any) -> CallOutcome:
+        """Validate and run one tool call on the database."""
+        reason = validate_call(TOOL_SPECS, function, arguments)
+        if reason is not None:
+            return CallOutcome(None, reason)
+        before = self.db.tokens()
+        try:
+            value = call_tool(self.db, function, arguments)
+        except ToolError as exc:
+            return CallOutcome(None, str(exc), rule_violation=True)
+        content = value if isinstance(value, str) else json.dumps(value)
+        return CallOutcome(content, after=self.db.snapshot() if self.db.tokens() != before else None)
 
     def _message(self, action: MessageAction) -> StepResult:
         assert self._user is not None

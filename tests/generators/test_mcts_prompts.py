@@ -1,0 +1,81 @@
+"""Per-step costs of the search: incremental prompts equal full renders; memoised retail calls equal fresh ones."""
+
+from __future__ import annotations
+
+import json
+
+from backends.config import LLMConfig
+from backends.fake_backend import FakeLLM
+from converters.export.render import RenderOptions, messages, render
+from envs.retail.env import RetailEnv
+from envs.retail.memo import MEMO, clear_caches
+from envs.retail.tasks import generate_tasks
+from generators.agent import AgentPolicy
+from schemas.models import ApiAction, MessageAction, Step, TextObservation, Trajectory
+
+
+def _full(policy: AgentPolicy, history: list[Step]) -> list[dict]:
+    opts = RenderOptions(reasoning=False, web_max_chars=policy.max_history_chars)
+    return messages(render(Trajectory(id="p", source="agent", steps=history), opts, require_assistant=False))
+
+
+def _histories() -> list[list[Step]]:
+    """Growing histories over shared step objects, with the shapes that make rendering stateful."""
+    user = TextObservation(content="cancel my order", source="user")
+    system = TextObservation(content="store policy", source="environment")
+    a1 = ApiAction(function="get_order_details", arguments={"order_id": "#1"}, tool_call_id="x")
+    o1 = TextObservation(content='{"status": "pending"}', source="environment", tool_call_id="x")
+    bad = TextObservation(content="garbled", source="agent", train=False, label="bad")
+    err = TextObservation(content="Error: unreadable", source="environment", name="parse_error", train=False)
+    a2 = ApiAction(function="think", arguments={"thought": "a"})  # no call id: rendered as call_<index>
+    a3 = ApiAction(function="think", arguments={"thought": "b"})  # merged into a2's message
+    o2 = TextObservation(content="ok", source="environment")
+    o3 = TextObservation(content="ok too", source="environment")
+    msg = MessageAction(content="done")
+    reply = TextObservation(content="thanks", source="user")
+    full = [system, user, a1, o1, bad, err, a2, a3, o2, o3, msg, reply]
+    histories = [full[:k] for k in range(2, len(full) + 1)]
+    # A branch off the shared prefix and a history whose tail starts on an observation.
+    histories += [full[:4] + [a2, o2], full[:4] + [o2], full[:7]]
+    return histories
+
+
+def test_incremental_prompts_equal_full_renders() -> None:
+    for mode in ("tools", "text"):
+        policy = AgentPolicy(FakeLLM(LLMConfig(backend="fake", model="m")), [], mode=mode)
+        fresh = AgentPolicy(FakeLLM(LLMConfig(backend="fake", model="m")), [], mode=mode)
+        for history in _histories():
+            assert _full(policy, history) == policy._rendered.messages(history)
+            assert policy.prompt(list(history)) == fresh.prompt(history)
+            fresh._rendered = type(fresh._rendered)(fresh._rendered.opts)  # never reuses: a full render each time
+        assert len(policy._rendered._entries) > 0
+
+
+def test_memoised_calls_equal_fresh_calls_and_keep_tokens() -> None:
+    clear_caches()
+    task = generate_tasks(1, seed=0, kinds=["cancel"])[0]
+    order = task.metadata["user_info"]["order_id"]
+    calls = [("get_order_details", {"order_id": order}), ("get_order_details", {"order_id": "#W0000000"}),
+             ("cancel_pending_order", {"order_id": order, "reason": "bogus"}),
+             ("cancel_pending_order", {"order_id": order, "reason": task.metadata["user_info"]["reason"]}),
+             ("cancel_pending_order", {"order_id": order, "reason": "no longer needed"}),
+             ("get_order_details", {"order_id": order})]
+
+    def play() -> tuple[list[tuple], dict]:
+        env = RetailEnv(0)
+        env.reset(task)
+        out = []
+        for function, arguments in calls:
+            r = env.step(ApiAction(function=function, arguments=arguments, tool_call_id="c"))
+            out.append((r.observation.content, r.reward, r.done, r.info, env.db.tokens()))
+        return out, {"state": env.state(), "reward": env.evaluate()}
+
+    first, state1 = play()
+    entries = len(MEMO)
+    second, state2 = play()  # every call now comes from the memo
+    assert entries == len(calls) and len(MEMO) == entries
+    assert first == second and state1 == state2
+    assert json.loads(first[3][0])["status"] == "cancelled" and state1["reward"] == 1.0
+    assert "error" in first[2][3] and first[2][4] == first[1][4]  # a refused call changes nothing
+    assert first[4][3].get("rule_violation") and first[4][4] == first[3][4]  # rolled back: tokens unchanged
+    assert first[0][4] == first[1][4] != first[3][4]  # lookups change nothing; the write does
