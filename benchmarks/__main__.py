@@ -125,26 +125,12 @@ def llm_rows(name: str, payload: dict[str, Any]) -> list[Figure]:
     return out
 
 
-def mcts_rows(name: str, payload: dict[str, Any]) -> list[Figure]:
-    """Search speed with a zero-latency model, and wall time against the latency-bound critical path."""
-    # benchmarks/mcts.py passes its result dict where `write_results` expects rows.
-    if isinstance(payload.get("rows"), dict):
-        payload = payload["rows"]
-    z, w = payload["zero_latency"], payload["with_latency"]
-    return [
-        Figure(name, "env steps/s, zero-latency model", z["env_steps_per_s"], "steps/s"),
-        Figure(name, "tree nodes/s, zero-latency model", z["nodes_per_s"], "nodes/s"),
-        Figure(name, f"wall time at {payload['latency_s']} s latency", w["wall_s"], "s", w["critical_path_s"],
-               "critical path of model calls", "< 1.10", w["wall_s"] / w["critical_path_s"] < 1.10),
-    ]
-
-
 SUITE: tuple[Benchmark, ...] = (
     Benchmark("store", "benchmarks.store", ("--records", "100000"), ("--records", "1000000")),
     Benchmark("convert", "benchmarks.convert", ("--records", "20000"), ("--records", "200000")),
     Benchmark("llm_throughput", "benchmarks.llm_throughput", ("--requests", "1000"), ("--requests", "5000"),
               extract=llm_rows),
-    Benchmark("mcts", "benchmarks.mcts", (), ("--tasks", "16"), extract=mcts_rows),
+    Benchmark("mcts", "benchmarks.mcts", (), ("--tasks", "16")),
     # datatrove runs at a few hundred records/s (spacy tokenizer): only on the smallest size. Sizes start
     # at one full shard (50k rows), below which per-shard memory still grows with the input.
     Benchmark("dedup", "benchmarks.dedup", ("--sizes", "50000,150000", "--datatrove-max", "50000"),
