@@ -61,9 +61,9 @@ def _image_to_adp(image: ImageRef) -> dict[str, Any]:
     return {"class_": "image_observation", "content": image.path, "source": image.source, "annotations": annotations}
 
 
-def _default_keys(obj: dict[str, Any]) -> list[str]:
-    cls = obj["class_"]
-    return list(_BASE_KEYS[cls]) + [k for k in _OPTIONAL_KEYS if obj.get(k) is not None]
+# Keys each class reads into fields of its own; the rest of a step object goes to `extra`.
+_CONSUMED = {cls: frozenset({*keys, *_OPTIONAL_KEYS}) for cls, keys in _BASE_KEYS.items()}
+_BASE_SETS = {cls: frozenset(keys) for cls, keys in _BASE_KEYS.items()}
 
 
 def step_from_adp(obj: dict[str, Any]) -> dict[str, Any]:
@@ -74,46 +74,47 @@ def step_from_adp(obj: dict[str, Any]) -> dict[str, Any]:
     if cls not in _KIND_OF_CLASS:
         raise ConversionError(f"unknown step class_ {cls!r}")
     kind = _KIND_OF_CLASS[cls]
+    get = obj.get
     step: dict[str, Any] = {"kind": kind}
-    consumed = {"class_", *_OPTIONAL_KEYS}
-    if obj.get("tool_call_id") is not None:
-        step["tool_call_id"] = obj["tool_call_id"]
-    if obj.get("reward") is not None:
-        step["reward"] = obj["reward"]
-    if kind in ("api", "code", "message"):
-        step["thought"] = obj.get("description")
-        step["reasoning"] = obj.get("reasoning_content")
-        consumed.add("description")
+    optional = [k for k in _OPTIONAL_KEYS if get(k) is not None]
+    if optional:
+        if get("tool_call_id") is not None:
+            step["tool_call_id"] = obj["tool_call_id"]
+        if get("reward") is not None:
+            step["reward"] = obj["reward"]
     if kind == "api":
-        step["function"] = obj.get("function")
-        step["arguments"] = obj.get("kwargs") if obj.get("kwargs") is not None else {}
-        consumed |= {"function", "kwargs"}
+        step["thought"] = get("description")
+        step["reasoning"] = get("reasoning_content")
+        step["function"] = get("function")
+        kwargs = get("kwargs")
+        step["arguments"] = kwargs if kwargs is not None else {}
     elif kind == "code":
-        step["language"] = obj.get("language")
-        step["content"] = obj.get("content")
-        consumed |= {"language", "content"}
+        step["thought"] = get("description")
+        step["reasoning"] = get("reasoning_content")
+        step["language"] = get("language")
+        step["content"] = get("content")
     elif kind == "message":
-        step["content"] = obj.get("content")
-        consumed.add("content")
+        step["thought"] = get("description")
+        step["reasoning"] = get("reasoning_content")
+        step["content"] = get("content")
     elif kind in ("text", "json"):
-        step["content"] = obj.get("content")
-        step["source"] = obj.get("source")
-        step["name"] = obj.get("name")
-        consumed |= {"content", "source", "name"}
+        step["content"] = get("content")
+        step["source"] = get("source")
+        step["name"] = get("name")
     elif kind == "image":
         step["image"] = _image_from_adp(obj)
-        consumed |= {"content", "source", "annotations"}
     elif kind == "web":
-        step["url"] = obj.get("url")
-        step["html"] = obj.get("html")
-        step["axtree"] = obj.get("axtree")
-        screenshot = obj.get("image_observation")
+        step["url"] = get("url")
+        step["html"] = get("html")
+        step["axtree"] = get("axtree")
+        screenshot = get("image_observation")
         step["screenshot"] = _image_from_adp(screenshot) if screenshot else None
-        viewport = obj.get("viewport_size")
+        viewport = get("viewport_size")
         step["viewport"] = tuple(viewport) if viewport is not None else None
-        consumed |= {"url", "html", "axtree", "image_observation", "viewport_size"}
+    consumed = _CONSUMED[cls]
     extra = {k: v for k, v in obj.items() if k not in consumed}
-    if set(obj) != set(_default_keys(obj)) | set(extra):
+    # The exact key set is kept when it differs from what `step_to_adp` would write.
+    if obj.keys() & consumed != _BASE_SETS[cls].union(optional):
         extra[_KEYS] = list(obj)
     if extra:
         step["extra"] = extra

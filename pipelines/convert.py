@@ -2,17 +2,18 @@
 
 Pipeline shape (see `pipelines.convert_work` for why there are two steps):
 
-    Create(todo chunks) | Reshuffle | ParDo(ConvertChunk)          -> chunk results (ids, counts)
-    results  -> (id, position) ┐
-    Create(finished units) | ReadIds -> (id, COMMITTED) ┘ Flatten | GroupByKey | pick losers
-    results | ParDo(WriteUnit, losers as a side input)           -> one committed unit per chunk
+    Create(todo chunks) | Reshuffle | ParDo(ConvertChunk)     -> chunk results (ids, counts)
+    results -> (id partition, [(id, position)])               ┐
+    Create(finished units) | ReadIds                          │ Flatten | GroupByKey(partition)
+            -> (id partition, [(id, COMMITTED)])              ┘ | pick losers | GroupByKey(unit)
+    results | ParDo(WriteUnit, losers as a side input)        -> one committed unit per chunk
 
 The driver (`run_convert`) plans the chunks, skips those whose unit is already finished
 (resume, idempotent re-run), runs the pipeline, and sums the manifest's unit counts for the
 summary: in = out + quarantined + duplicates, checked per unit and in total.
 
 Any Beam runner works (`runner=` plus `beam_args`, e.g. DataflowRunner, FlinkRunner,
-SparkRunner): the output directory (which also holds the spill files) must then be a
+SparkRunner): the output directory (which also holds the staged shards) must then be a
 shared filesystem that every worker sees at the same path, as the store uses plain files.
 """
 
@@ -51,8 +52,10 @@ from pipelines.convert_work import (
     ChunkResult,
     committed_ids,
     convert_chunk,
-    pick_losers,
+    losers_of_partition,
+    partitioned,
     positions,
+    staged_units,
     write_unit,
 )
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
@@ -62,6 +65,9 @@ DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 STAGING_PREFIX = f"{TEMP_PREFIX}convert-"
 # Progress callback: (chunks converted, chunks written, chunks to do).
 Progress = Callable[[int, int, int], None]
+# Partitions of the id space for the duplicate decision: its parallelism, and 1/N of the ids in
+# memory per partition.
+ID_PARTITIONS = 64
 
 
 class ConvertError(Exception):
@@ -104,18 +110,23 @@ def config_hash(source: str, converter: str, chunk_size: int) -> str:
 
 
 class ConvertChunk(beam.DoFn):
-    """Step 1 on a worker: convert one chunk and spill its rows."""
+    """Step 1 on a worker: convert one chunk and stage its shards."""
 
-    def __init__(self, source: str, spill_dir: str) -> None:
+    def __init__(self, source: str, output: str, spill_dir: str, max_rows: int, max_bytes: int) -> None:
         self.source = source
+        self.output = output
         self.spill_dir = spill_dir
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
         self.records_in = beam.metrics.Metrics.counter("convert", "records_in")
 
     def setup(self) -> None:
         self.fn = get_converter(self.source).fn  # registry import happens on the worker
+        self.dataset = Dataset(Path(self.output))
 
     def process(self, chunk: Chunk) -> Any:
-        result = convert_chunk(chunk, self.fn, Path(self.spill_dir))
+        result = convert_chunk(chunk, self.fn, self.dataset, Path(self.spill_dir),
+                               max_rows=self.max_rows, max_bytes=self.max_bytes)
         self.records_in.inc(result.counts.get("in", 0))
         yield result
 
@@ -123,9 +134,8 @@ class ConvertChunk(beam.DoFn):
 class WriteUnit(beam.DoFn):
     """Step 2 on a worker: commit one chunk's unit, minus the duplicates picked globally."""
 
-    def __init__(self, output: str, spill_dir: str, max_rows: int, max_bytes: int) -> None:
+    def __init__(self, output: str, max_rows: int, max_bytes: int) -> None:
         self.output = output
-        self.spill_dir = spill_dir
         self.max_rows = max_rows
         self.max_bytes = max_bytes
         self.duplicates = beam.metrics.Metrics.counter("convert", "duplicates")
@@ -135,8 +145,7 @@ class WriteUnit(beam.DoFn):
 
     def process(self, result: ChunkResult, losers: dict[str, list[int]]) -> Any:
         counts = write_unit(
-            result, self.dataset, Path(self.spill_dir), losers.get(result.unit, ()),
-            max_rows=self.max_rows, max_bytes=self.max_bytes,
+            result, self.dataset, losers.get(result.unit, ()), max_rows=self.max_rows, max_bytes=self.max_bytes,
         )
         self.duplicates.inc(counts.get("duplicate", 0))
         yield counts
@@ -157,26 +166,26 @@ def build_pipeline(
         p
         | "Chunks" >> beam.Create(todo)
         | "Spread" >> beam.Reshuffle()
-        | "Convert" >> beam.ParDo(ConvertChunk(source, spill_dir))
+        | "Convert" >> beam.ParDo(ConvertChunk(source, output, spill_dir, max_rows, max_bytes))
     )
-    new_ids = results | "NewIds" >> beam.FlatMap(positions)
+    new_ids = results | "NewIds" >> beam.FlatMap(lambda result: partitioned(positions(result), ID_PARTITIONS))
     old_ids = (
         p
         | "FinishedUnits" >> beam.Create(finished)
         | "SpreadFinished" >> beam.Reshuffle()
-        | "CommittedIds" >> beam.FlatMap(lambda unit: committed_ids(output, unit))
+        | "CommittedIds" >> beam.FlatMap(lambda unit: partitioned(committed_ids(output, unit), ID_PARTITIONS))
     )
     # Duplicates are rare, so the losers (unit -> positions to drop) fit in one side input.
     losers = (
         (new_ids, old_ids)
         | "AllIds" >> beam.Flatten()
-        | "ById" >> beam.GroupByKey()
-        | "Losers" >> beam.FlatMap(pick_losers)
+        | "ByPartition" >> beam.GroupByKey()
+        | "Losers" >> beam.FlatMap(losers_of_partition)
         | "ByUnit" >> beam.GroupByKey()
         | "AsDict" >> beam.combiners.ToDict()
     )
     _ = results | "Write" >> beam.ParDo(
-        WriteUnit(output, spill_dir, max_rows, max_bytes), losers=beam.pvalue.AsSingleton(losers)
+        WriteUnit(output, max_rows, max_bytes), losers=beam.pvalue.AsSingleton(losers)
     )
 
 
@@ -194,7 +203,7 @@ def _poll_progress(
     while True:
         try:
             written = len(units & set(ds.finished_units()))
-            converted = max(written, written + len(list(spill_dir.glob("*.traj.arrow"))))
+            converted = max(written, written + len(staged_units(spill_dir) - set(ds.finished_units())))
             on_progress(min(converted, len(units)), written, len(units))
         except Exception:  # a manifest mid-replace or a spill dir just removed; try again
             pass
@@ -244,7 +253,7 @@ def run_convert(
     ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),
                         overwrite=overwrite)
     out_path = str(ds.path.resolve())
-    # Leftovers of a killed run: temp shards of unfinished units and old spill files.
+    # Leftovers of a killed run: temp shards of unfinished units and old staging dirs.
     ds.recover()
     for stale in ds.path.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)

@@ -2,23 +2,24 @@
 
 A chunk is processed in two steps with a global decision between them:
 1. `convert_chunk`: read the chunk, convert each record with the registered converter,
-   build its Arrow row, and *spill* the rows (Arrow IPC) next to the output; return the
-   chunk's ids and counts.
+   build the chunk's Arrow batch column by column (`pipelines.columns`), and write the
+   unit's Parquet shards into a staging dir next to the output, uncommitted; return the
+   chunk's ids, counts and staged shards.
 2. `write_unit`: once every chunk's ids are known and the duplicates are picked
-   (`pick_losers`), write the chunk's rows minus its duplicates into one store unit.
+   (`pick_losers`), commit the staged shards as the unit (a rename); a chunk with
+   duplicates to drop (rare) has its rows rewritten without them.
 
-Why spill instead of writing the unit at once: a unit becomes visible atomically and is
-never rewritten, so a duplicate found later (in another chunk) could no longer be
-removed. Spilling costs one extra Arrow encode/decode per record (~10% of the path) and
-buys a simple rule that holds on any runner and across resumes: per id, the copy already
-committed wins, otherwise the first in input order (input, chunk, position).
+Why stage instead of committing at once: a unit becomes visible atomically and is never
+rewritten, so a duplicate found later (in another chunk) could no longer be removed.
+Staging costs nothing in the common case and buys a simple rule that holds on any runner
+and across resumes: per id, the copy already committed wins, otherwise the first in input
+order (input, chunk, position).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import uuid
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,11 +27,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
+from pipelines.columns import BatchBuilder
 from pipelines.inputs import Chunk, ParseFailure, read_chunk
 from schemas import jsonutil
-from schemas.arrow import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA, trajectory_to_row
+from schemas.arrow import QUARANTINE_SCHEMA, TABLE_SCHEMAS, TRAJECTORY_SCHEMA, trajectory_to_row
 from schemas.models import Trajectory
 from schemas.store import Dataset
 
@@ -38,8 +39,6 @@ STAGE = "convert"
 # Position of an id already committed by an earlier run: sorts before every new one.
 COMMITTED: tuple[int, int, int, str] = (-1, -1, -1, "")
 Position = tuple[int, int, int, str]  # (input index, chunk index, seq within chunk, unit)
-# Uncompressed: spill files live only until their unit is written, and lz4 cost ~40 us a record.
-_IPC_OPTIONS = ipc.IpcWriteOptions(compression=None)
 
 
 @dataclass
@@ -50,6 +49,8 @@ class ChunkResult:
     order: tuple[int, int]
     ids: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    # The unit's shards, written but not committed (`UnitWriter.stage`).
+    staged: dict[str, Any] = field(default_factory=dict)
 
 
 def quarantine_key(stage: str, error_class: str) -> str:
@@ -74,15 +75,14 @@ def _raw_json(value: Any) -> str:
         return repr(value)  # e.g. bytes from a Parquet binary column
 
 
-def convert_records(
-    records: Iterable[tuple[str, Any]], fn: Callable[[Any], Trajectory]
-) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]], Counter[str]]:
-    """Convert records to trajectory rows; anything that fails goes to quarantine rows.
+def _convert(
+    records: Iterable[tuple[str, Any]], fn: Callable[[Any], Trajectory], add: Callable[[Trajectory], None]
+) -> tuple[list[str], list[dict[str, Any]], Counter[str]]:
+    """Convert records and hand each trajectory to `add`; anything that fails goes to quarantine rows.
 
-    Returns (trajectory rows, their ids, quarantine rows, counts). The converter validates
-    (it returns a pydantic Trajectory), so rows are built straight from the model.
+    Returns (ids of the added trajectories, quarantine rows, counts). The converter validates
+    (it returns a pydantic Trajectory), so nothing is validated twice.
     """
-    rows: list[dict[str, Any]] = []
     ids: list[str] = []
     bad: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
@@ -96,14 +96,25 @@ def convert_records(
             traj = fn(raw)
             if not isinstance(traj, Trajectory):
                 raise TypeError(f"converter returned {type(traj).__name__}, expected Trajectory")
-            row = trajectory_to_row(traj)
+            add(traj)
         except Exception as exc:  # a converter bug must not lose the other records of the chunk
             bad.append(_quarantine_row(STAGE, location, f"{location}: {type(exc).__name__}: {exc}", _raw_json(raw)))
             counts[quarantine_key(STAGE, type(exc).__name__)] += 1
             continue
-        rows.append(row)
         ids.append(traj.id)
+    return ids, bad, counts
+
+
+def convert_records(
+    records: Iterable[tuple[str, Any]], fn: Callable[[Any], Trajectory]
+) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]], Counter[str]]:
+    """Convert records to trajectory rows (dicts); returns (rows, their ids, quarantine rows, counts)."""
+    rows: list[dict[str, Any]] = []
+    ids, bad, counts = _convert(records, fn, lambda t: rows.append(trajectory_to_row(t)))
     return rows, ids, bad, counts
+
+
+_ARROW_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
 
 def _to_batch(
@@ -112,13 +123,13 @@ def _to_batch(
     """Rows -> one Arrow batch; a row Arrow rejects (e.g. an int beyond 64 bits) is quarantined."""
     try:
         return pa.RecordBatch.from_pylist(rows, schema=TRAJECTORY_SCHEMA), ids
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+    except _ARROW_ERRORS:
         pass
     keep_rows, keep_ids = [], []
     for row, id_ in zip(rows, ids):
         try:
             pa.RecordBatch.from_pylist([row], schema=TRAJECTORY_SCHEMA)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        except _ARROW_ERRORS as exc:
             bad.append(_quarantine_row(STAGE, id_, f"{id_}: not storable in Arrow: {type(exc).__name__}: {exc}",
                                        _raw_json(row)))
             counts[quarantine_key(STAGE, type(exc).__name__)] += 1
@@ -128,28 +139,43 @@ def _to_batch(
     return pa.RecordBatch.from_pylist(keep_rows, schema=TRAJECTORY_SCHEMA), keep_ids
 
 
-def spill_paths(spill_dir: Path, unit: str) -> tuple[Path, Path]:
-    return spill_dir / f"{unit}.traj.arrow", spill_dir / f"{unit}.quar.arrow"
+def convert_to_batch(
+    chunk: Chunk, fn: Callable[[Any], Trajectory]
+) -> tuple[pa.RecordBatch, list[str], list[dict[str, Any]], Counter[str]]:
+    """A chunk -> (trajectory batch, its ids, quarantine rows, counts): the same result as
+    `convert_records` + `_to_batch`, built column by column.
+
+    Each trajectory becomes plain tuples at once: holding thousands of models would make the
+    cyclic garbage collector rescan them over and over. A chunk with a value Arrow rejects
+    (rare) is converted again by rows, which finds and quarantines the culprits one by one.
+    """
+    builder = BatchBuilder()
+    ids, bad, counts = _convert(read_chunk(chunk), fn, builder.add)
+    try:
+        return builder.finish(), ids, bad, counts
+    except _ARROW_ERRORS:
+        rows, ids, bad, counts = convert_records(read_chunk(chunk), fn)
+        batch, ids = _to_batch(rows, ids, bad, counts)
+        return batch, ids, bad, counts
 
 
-def _write_ipc(path: Path, batch: pa.RecordBatch) -> None:
-    # Temp name + rename: a retried bundle replaces a spill file whole, never half.
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with ipc.new_file(tmp, batch.schema, options=_IPC_OPTIONS) as writer:
-        writer.write_batch(batch)
-    os.replace(tmp, path)
-
-
-def convert_chunk(chunk: Chunk, fn: Callable[[Any], Trajectory], spill_dir: Path) -> ChunkResult:
-    """Step 1: convert one chunk and spill its rows; returns its ids and counts."""
-    rows, ids, bad, counts = convert_records(read_chunk(chunk), fn)
-    batch, ids = _to_batch(rows, ids, bad, counts)
+def convert_chunk(
+    chunk: Chunk, fn: Callable[[Any], Trajectory], dataset: Dataset, spill_dir: Path, *, max_rows: int, max_bytes: int
+) -> ChunkResult:
+    """Step 1: convert one chunk and write its shards into `spill_dir`, uncommitted; returns
+    its ids, counts and staged shards."""
+    batch, ids, bad, counts = convert_to_batch(chunk, fn)
     counts["converted"] = len(ids)
     counts["quarantined"] = len(bad)
-    traj_path, quar_path = spill_paths(spill_dir, chunk.unit)
-    _write_ipc(quar_path, pa.RecordBatch.from_pylist(bad, schema=QUARANTINE_SCHEMA))
-    _write_ipc(traj_path, batch)
-    return ChunkResult(chunk.unit, chunk.order, ids, dict(counts))
+    writer = dataset.unit(chunk.unit, max_rows=max_rows, max_bytes=max_bytes, staging=spill_dir)
+    try:
+        writer.write_batch("trajectories", batch)
+        writer.write_batch("quarantine", pa.RecordBatch.from_pylist(bad, schema=QUARANTINE_SCHEMA))
+        staged = writer.stage()
+    except BaseException:
+        writer.abort()
+        raise
+    return ChunkResult(chunk.unit, chunk.order, ids, dict(counts), staged)
 
 
 def positions(result: ChunkResult) -> Iterator[tuple[str, Position]]:
@@ -179,40 +205,71 @@ def pick_losers(item: tuple[str, Iterable[Position]]) -> Iterator[tuple[str, int
             yield unit, seq
 
 
+def partitioned(found: Iterable[tuple[str, Position]], partitions: int) -> Iterator[tuple[int, list[tuple[str, Position]]]]:
+    """(partition, its (id, position) pairs): the duplicate decision moves one element per
+    partition and chunk instead of one per record. The partition is a stable hash of the id."""
+    parts: dict[int, list[tuple[str, Position]]] = {}
+    for id_, position in found:
+        parts.setdefault(zlib.crc32(id_.encode("utf-8", "surrogatepass")) % partitions, []).append((id_, position))
+    yield from parts.items()
+
+
+def losers_of_partition(item: tuple[int, Iterable[list[tuple[str, Position]]]]) -> Iterator[tuple[str, int]]:
+    """`pick_losers` for every id of one partition that occurs more than once."""
+    by_id: dict[str, list[Position]] = {}
+    for pairs in item[1]:
+        for id_, position in pairs:
+            by_id.setdefault(id_, []).append(position)
+    for id_, found in by_id.items():
+        if len(found) > 1:
+            yield from pick_losers((id_, found))
+
+
 def write_unit(
     result: ChunkResult,
     dataset: Dataset,
-    spill_dir: Path,
     losers: Iterable[int] = (),
     *,
     max_rows: int,
     max_bytes: int,
 ) -> dict[str, int]:
-    """Step 2: write a chunk's spilled rows, minus its duplicates, as one store unit."""
-    traj_path, quar_path = spill_paths(spill_dir, result.unit)
+    """Step 2: commit a chunk's staged shards as one store unit; with duplicates to drop
+    (rare), its rows are rewritten without them."""
+    staged_files = [Path(e["tmp"]) for entries in result.staged["tables"].values() for e in entries]
     if dataset.is_finished(result.unit):
         # A retried bundle: the unit was committed by the first attempt.
-        _remove(traj_path, quar_path)
+        _remove(*staged_files)
         return dataset.finished_units()[result.unit]["counts"]
     drop = set(losers)
-    traj = ipc.open_file(traj_path).read_all()
-    quar = ipc.open_file(quar_path).read_all()
     counts = Counter(result.counts)
+    counts["duplicate"] = len(drop)
+    counts["out"] = counts["converted"] - len(drop)
+    if counts["in"] != counts["out"] + counts["quarantined"] + counts["duplicate"]:
+        raise AssertionError(f"unit {result.unit}: counts do not add up: {dict(counts)}")
+    if not drop:
+        dataset.commit_staged(result.unit, {**result.staged, "counts": {**result.staged["counts"], **counts}})
+        return dict(counts)
+    tables = {table: _read_staged(entries, table) for table, entries in result.staged["tables"].items()}
+    traj = tables.get("trajectories")
+    if traj is not None:
+        tables["trajectories"] = traj.filter(pa.array([seq not in drop for seq in range(traj.num_rows)]))
     with dataset.unit(result.unit, max_rows=max_rows, max_bytes=max_bytes) as unit:
-        write = unit.write_row
-        for seq, row in enumerate(traj.to_pylist()):
-            if seq in drop:
-                continue
-            write("trajectories", row)
-        for row in quar.to_pylist():
-            write("quarantine", row)
-        counts["duplicate"] = len(drop)
-        counts["out"] = counts["converted"] - len(drop)
-        if counts["in"] != counts["out"] + counts["quarantined"] + counts["duplicate"]:
-            raise AssertionError(f"unit {result.unit}: counts do not add up: {dict(counts)}")
+        for table, data in tables.items():
+            unit.write_batch(table, data)
         unit.counts.update(counts)
-    _remove(traj_path, quar_path)
+    _remove(*staged_files)
     return dict(counts)
+
+
+def _read_staged(entries: list[dict[str, Any]], table: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return pa.concat_tables([pq.read_table(e["tmp"], schema=TABLE_SCHEMAS[table]) for e in entries])
+
+
+def staged_units(spill_dir: Path) -> set[str]:
+    """Units with shards staged in `spill_dir` (converted, not yet committed)."""
+    return {p.name.split(".", 1)[0] for p in spill_dir.glob("*.parquet")}
 
 
 def _remove(*paths: Path) -> None:

@@ -193,6 +193,11 @@ class Dataset:
         """A writer for one unit of work; use as a context manager."""
         return UnitWriter(self, name, **limits)
 
+    def commit_staged(self, name: str, staged: dict[str, Any]) -> None:
+        """Commit a unit that `UnitWriter.stage` wrote (possibly in another process): its shards
+        are renamed into place and listed in the manifest together, as `UnitWriter.commit` does."""
+        self._commit_unit(name, staged["tables"], staged["counts"], staged["meta"])
+
     def _commit_unit(
         self, name: str, shards: dict[str, list[dict[str, Any]]], counts: dict[str, int], meta: dict[str, Any]
     ) -> None:
@@ -329,10 +334,14 @@ class UnitWriter:
         max_rows: int = DEFAULT_MAX_ROWS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         row_group_rows: int = ROW_GROUP_ROWS,
+        staging: Path | None = None,
     ) -> None:
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"bad unit name {name!r}")
         self.dataset = dataset
+        # Where temp shards live until the commit (default: hidden next to their table). A
+        # staging dir must be on the dataset's filesystem, so the commit is still a rename.
+        self.staging = staging
         self.name = name
         self.max_rows = max_rows
         self.max_bytes = max_bytes
@@ -371,28 +380,51 @@ class UnitWriter:
         for record in records:
             self.write(table, record)
 
+    def write_batch(self, table: str, batch: pa.RecordBatch | pa.Table) -> None:
+        """Add rows already in Arrow form with the table's schema (no per-row Python objects).
+
+        Rows buffered by `write_row` go first, so order is kept; shards obey the same row and
+        byte limits, and row groups hold at most `row_group_rows` rows.
+        """
+        _check_table(table)
+        if not batch.schema.equals(TABLE_SCHEMAS[table]):
+            raise ValueError(f"batch for {table!r} has schema {batch.schema}, expected {TABLE_SCHEMAS[table]}")
+        self._flush(table)
+        self.counts[table] += batch.num_rows
+        data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        start = 0
+        while start < data.num_rows:
+            start += self._write_arrow(table, data.slice(start, self.row_group_rows))
+
     def _flush(self, table: str) -> None:
         buffer = self._buffers.get(table)
         if not buffer:
             return
-        schema = TABLE_SCHEMAS[table]
         start = 0
         while start < len(buffer):
-            current = self._current.get(table) or self._open_shard(table)
-            room = self.max_rows - current["rows"]
+            # A whole buffer when the current shard has room for it (one row group, as before).
+            room = self.max_rows - (self._current.get(table) or {"rows": 0})["rows"]
             chunk = buffer[start : start + room]
-            start += len(chunk)
-            batch = pa.RecordBatch.from_pylist(chunk, schema=schema)
-            self._writers[table].write_batch(batch)
-            current["rows"] += len(chunk)
-            if current["rows"] >= self.max_rows or self._size(current) >= self.max_bytes:
-                self._close_shard(table)
+            start += self._write_arrow(table, pa.Table.from_pylist(chunk, schema=TABLE_SCHEMAS[table]))
         buffer.clear()
+
+    def _write_arrow(self, table: str, data: pa.Table) -> int:
+        """Write the rows of `data` that fit the current shard as one row group; returns how many."""
+        current = self._current.get(table) or self._open_shard(table)
+        n = min(data.num_rows, self.max_rows - current["rows"])
+        self._writers[table].write_table(data.slice(0, n), row_group_size=n)
+        current["rows"] += n
+        if current["rows"] >= self.max_rows or self._size(current) >= self.max_bytes:
+            self._close_shard(table)
+        return n
 
     def _open_shard(self, table: str) -> dict[str, Any]:
         seq = len(self._shards.get(table, []))
         file = f"{table}/{self.name}-{seq:05d}.parquet"
-        tmp = f"{table}/{TEMP_PREFIX}{self.name}-{seq:05d}-{self._token}.parquet"
+        if self.staging is None:
+            tmp = f"{table}/{TEMP_PREFIX}{self.name}-{seq:05d}-{self._token}.parquet"
+        else:
+            tmp = str(self.staging.resolve() / f"{self.name}.{table}-{seq:05d}-{self._token}.parquet")
         self._writers[table] = pq.ParquetWriter(
             self.dataset.path / tmp, TABLE_SCHEMAS[table], compression="zstd", write_statistics=["id"]
         )
@@ -414,11 +446,16 @@ class UnitWriter:
         self._shards.setdefault(table, []).append(current)
 
     def commit(self) -> None:
+        self.dataset.commit_staged(self.name, self.stage())
+
+    def stage(self) -> dict[str, Any]:
+        """Finish writing but commit nothing: the unit's shards (under their temp names), counts
+        and meta, for `Dataset.commit_staged` later. Nothing is visible until then."""
         for table in list(self._buffers):
             self._flush(table)
         for table in list(self._writers):
             self._close_shard(table)
-        self.dataset._commit_unit(self.name, self._shards, dict(self.counts), self.meta)
+        return {"tables": self._shards, "counts": dict(self.counts), "meta": self.meta}
 
     def abort(self) -> None:
         for writer in self._writers.values():

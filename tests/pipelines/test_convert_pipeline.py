@@ -90,12 +90,12 @@ def test_all_formats_convert_to_the_same_records(tmp_path, adp_records):
 _KILLABLE = textwrap.dedent(
     """
     import sys, time
-    from schemas.store import UnitWriter
-    commit = UnitWriter.commit
-    def slow_commit(self):
-        commit(self)
+    from schemas.store import Dataset
+    commit = Dataset.commit_staged
+    def slow_commit(self, name, staged):
+        commit(self, name, staged)
         time.sleep(0.3)  # widen the window between unit commits so the test can kill mid-way
-    UnitWriter.commit = slow_commit
+    Dataset.commit_staged = slow_commit
     from pipelines.convert import run_convert
     run_convert("adp", [sys.argv[1]], sys.argv[2], chunk_size=int(sys.argv[3]))
     """
