@@ -1,13 +1,14 @@
 """Benchmark: near-dedup of synthetic trajectories with planted duplicates, against datatrove.
 
-`python -m benchmarks.dedup [--sizes 250000,500000,1000000] [--records N] [--no-datatrove]`
+`python -m benchmarks.dedup [--sizes 250000,500000,1000000] [--records N] [--no-datatrove] [--datatrove-max N]`
 
 For each size: write N synthetic tool-use trajectories (a share of them near duplicates made by
 small edits, and exact duplicates that differ only in ids / tool_call_ids / whitespace) as a
 trajforge dataset and as JSONL; time `run_dedup` (threshold 0.8, 128 permutations) in a child
 process (so peak RSS is per run) and datatrove's MinhashDedupSignature / Buckets / Cluster /
 Filter stages on the same texts (its own venv, benchmarks/.venvs/datatrove). Prints throughput,
-peak RSS and recall of the planted duplicates for both, and the throughput ratio.
+peak RSS and recall of the planted duplicates for both, the throughput ratio,
+and the growth of peak RSS from the smallest to the largest size (flat: at most 1.2x).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from benchmarks._common import print_rows, row, write_results
+from benchmarks._common import ensure_venv, print_rows, row, rss_growth_row, write_results
 
-DT_PYTHON = Path(__file__).with_name(".venvs") / "datatrove" / "bin" / "python"
+# What datatrove's minhash steps import without declaring them (spacy: its English word tokenizer).
+DT_REQUIREMENTS = ["datatrove==0.10.1", "orjson", "regex", "spacy", "tokenizers", "xxhash"]
 VOCAB = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "po", "ru", "sa", "ti", "vu", "we", "xo", "ya", "ze", "bi", "cu",
                              "da", "fe", "gi", "ho", "ju")
          for b in range(400)]  # 8000 words
@@ -186,15 +188,21 @@ def _run_ours(src: Path, out: Path, beam_args: list[str]) -> dict[str, Any]:
     return json.loads(line[len("RESULT "):])
 
 
-def _run_datatrove(jsonl_dir: Path, work: Path, workers: int) -> dict[str, Any] | None:
-    if not DT_PYTHON.exists():
-        return None
-    proc = subprocess.run([str(DT_PYTHON), str(Path(__file__).with_name("_dedup_datatrove.py")), str(jsonl_dir),
+def _run_datatrove(py: Path, jsonl_dir: Path, work: Path, workers: int) -> dict[str, Any]:
+    """datatrove's stats, or {"error": why} so the results say why the comparison is missing."""
+    proc = subprocess.run([str(py), str(Path(__file__).with_name("_dedup_datatrove.py")), str(jsonl_dir),
                            str(work), str(workers)], capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"datatrove failed: {proc.stderr[-1500:]}", file=sys.stderr)
-        return None
+        return {"error": f"datatrove exited {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _datatrove_python() -> tuple[Path | None, str]:
+    try:
+        return ensure_venv("datatrove", DT_REQUIREMENTS), ""
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
+        return None, str(exc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,12 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     # comparable, reliable default (both sides run the same number of workers).
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--no-datatrove", action="store_true")
+    # datatrove tokenizes with spacy (a few hundred records/s on one core): bound its share of a long run.
+    ap.add_argument("--datatrove-max", type=int, default=None, help="run datatrove only on sizes up to this")
     ap.add_argument("--workdir", default=None, help="scratch dir (default: a temp dir, removed)")
     args = ap.parse_args(argv)
     sizes = [args.records] if args.records else [int(s) for s in args.sizes.split(",")]
     # Beam in-process with one worker thread per core (numpy and I/O release the GIL).
     beam_args = [f"--direct_num_workers={args.workers}", "--direct_running_mode=multi_threading"]
     rows: list[dict[str, Any]] = []
+    rss: list[tuple[int, float]] = []
+    peer: dict[str, dict[str, Any]] = {}
+    dt_python, dt_missing = (None, "--no-datatrove") if args.no_datatrove else _datatrove_python()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="dedup-bench-"))
     try:
         for n in sizes:
@@ -222,21 +235,37 @@ def main(argv: list[str] | None = None) -> None:
             ours = _run_ours(case / "in", case / "out", beam_args)
             rate = n / ours["seconds"]
             recall = _recall(case / "out", planted)
-            dt = None if args.no_datatrove else _run_datatrove(case / "jsonl", case / "dt", args.workers)
-            dt_rate = n / dt["seconds"] if dt else None
+            if args.datatrove_max is not None and n > args.datatrove_max:
+                dt = {"error": f"size above --datatrove-max {args.datatrove_max:,}"}
+            else:
+                dt = _run_datatrove(dt_python, case / "jsonl", case / "dt", args.workers) if dt_python else \
+                    {"error": dt_missing}
+            why = "" if "error" not in dt else f"datatrove not measured: {dt['error']}"
+            dt_rate = n / dt["seconds"] if not why else None
+            peer[str(n)] = dt | ({"records_per_s": dt_rate, "ratio": rate / dt_rate} if dt_rate else {})
+            print(f"{n:,} records: trajforge {rate:,.0f}/s, {ours['peak_rss_mb']:.0f} MiB, recall {recall:.3f}; "
+                  + (f"datatrove {dt_rate:,.0f}/s, {dt['peak_rss_mb']:.0f} MiB, ratio {rate / dt_rate:.2f}" if dt_rate
+                     else why), flush=True)
             rows.append(row(f"trajforge dedup {n:,} records", rate, "records/s", dt_rate, "datatrove minhash",
-                            ">= 1x datatrove", (rate >= dt_rate) if dt_rate else None))
+                            ">= 1x datatrove", (rate >= dt_rate) if dt_rate else None, why))
             rows.append(row(f"peak RSS at {n:,}", ours["peak_rss_mb"], "MiB",
-                            dt["peak_rss_mb"] if dt else None, "datatrove minhash"))
+                            dt.get("peak_rss_mb"), "datatrove minhash"))
             rows.append(row(f"recall of planted dupes at {n:,}", recall, "fraction",
-                            _dt_recall(case / "dt", planted) if dt else None, "datatrove minhash", ">= 0.95",
+                            _dt_recall(case / "dt", planted) if dt_rate else None, "datatrove minhash", ">= 0.95",
                             recall >= 0.95))
+            rss.append((n, ours["peak_rss_mb"]))
             shutil.rmtree(case, ignore_errors=True)
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
+    if len(rss) > 1:
+        rows.append(rss_growth_row(rss))
     print_rows("near-dedup (MinHash LSH, threshold 0.8, 128 perms)", rows)
-    print(f"results: {write_results('dedup', rows, sizes=sizes, workers=args.workers)}")
+    path = write_results("dedup", rows, sizes=sizes, workers=args.workers,
+                         peak_rss_mb={str(n): round(mb, 1) for n, mb in rss},
+                         datatrove_ratio={n: round(p["ratio"], 3) for n, p in peer.items() if "ratio" in p},
+                         datatrove=peer)
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":

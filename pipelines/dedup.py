@@ -3,15 +3,18 @@
     1. Create(shards) | Reshuffle | ParDo(SignShard)        -> spill: signatures, band hashes, exact hashes
                       | GroupByKey((band, part) -> shards)  -> ParDo(FindBuckets): candidate edges per band
     2. driver: verify near edges (estimated Jaccard from the full signatures >= threshold),
-       union-find over exact + verified edges, one representative per cluster, `clusters.parquet`
+       connected components of exact + verified edges, one representative per cluster,
+       `clusters.parquet` and per-shard drop lists
     3. Create(todo shards) | Reshuffle | ParDo(WriteShard)  -> one unit per input shard
 
 Scaling: signing streams each shard to memory-mapped .npy files, so worker memory is bounded
-by a shard. Grouping sorts one band's (hash, key) arrays at a time (16 bytes per record per
-band; `partitions` splits a band further by hash). Only candidate edges reach the driver:
-their number grows with the duplicates, not the input, so union-find in the driver is cheap
-(a few hundred bytes per duplicate). For inputs where even the duplicates do not fit one
-machine, the edges would go through rounds of min-label propagation in Beam instead.
+by a shard. Grouping sorts one (band, partition) of (hash, key) arrays at a time; partitions
+are chosen so a task holds at most BUCKET_ROWS records, so this too stays flat as input grows.
+Only candidate edges reach the driver, and the driver keeps them, the components and the
+clustered records' ids as compact numpy / Arrow arrays (tens of bytes per clustered record,
+nothing per unique record); signatures are read back in fixed-size slices. For inputs where
+even the duplicates do not fit one machine, the edges would go through rounds of min-label
+propagation in Beam instead.
 
 The representative of a cluster is its smallest id (or, with prefer_reward, highest reward
 then smallest id). Other members go to `filtered/` as exact_dedup / near_dedup with a reason
@@ -24,7 +27,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -32,6 +35,7 @@ from typing import Any, Iterator, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from filters.dedup import (
@@ -39,10 +43,11 @@ from filters.dedup import (
     DEFAULT_THRESHOLD,
     LshParams,
     Signer,
-    UnionFind,
     band_hashes,
     batch_texts,
     bucket_edges,
+    components,
+    estimated_jaccard,
     exact_hash,
     lsh_params,
 )
@@ -55,11 +60,14 @@ from pipelines.filter import (
     trajforge_version,
     unit_for_shard,
 )
-from schemas.store import DEFAULT_MAX_ROWS, Dataset
+from schemas.arrow import FILTERED_SCHEMA, TRAJECTORY_SCHEMA
+from schemas.store import DEFAULT_MAX_ROWS, ROW_GROUP_ROWS, Dataset
 
 CLUSTERS_FILE = "clusters.parquet"
 EXACT_BAND = -1
 SIGN_BATCH = 2048
+BUCKET_ROWS = 1 << 18  # records per (band, partition) grouping task: ~40 MiB of sort arrays
+VERIFY_BATCH = 8192  # signature pairs compared at once: 2 x 8192 x 512 bytes
 CLUSTER_SCHEMA = pa.schema([
     pa.field("cluster_id", pa.int64()),
     pa.field("representative", pa.string()),
@@ -153,7 +161,11 @@ class FindBuckets(beam.DoFn):
 
 
 class WriteShard(beam.DoFn):
-    """Write one input shard's unit: kept rows as they are, duplicates to `filtered/`."""
+    """Write one input shard's unit: kept rows as they are, duplicates to `filtered/`.
+
+    Rows stay Arrow batches end to end (a row group at a time), so memory is one row group,
+    not one Python dict per row.
+    """
 
     def __init__(self, output: str, spill: str, max_rows: int) -> None:
         self.output = output
@@ -169,23 +181,30 @@ class WriteShard(beam.DoFn):
         if self.dataset.is_finished(unit):
             return
         drops_file = Path(self.spill) / f"drops-{index:06d}.parquet"
-        drops: dict[int, dict[str, Any]] = {}
-        if drops_file.exists():
-            drops = {r["row"]: r for r in pq.read_table(drops_file).to_pylist()}
+        drops = pq.read_table(drops_file).sort_by("row") if drops_file.exists() else None
+        drop_rows = drops.column("row").to_numpy() if drops is not None else np.empty(0, np.int64)
         with self.dataset.unit(unit, max_rows=self.max_rows) as u:
-            row_index = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-                for row in batch.to_pylist():
-                    u.counts["in"] += 1
-                    drop = drops.get(row_index)
-                    if drop is None:
-                        u.write_row("trajectories", row)
-                        u.counts["kept"] += 1
-                    else:
-                        row.update(filter=drop["filter"], reason=drop["reason"], score=drop["score"])
-                        u.write_row("filtered", row)  # the writer counts "filtered"
-                        u.counts[f"filtered:{drop['filter']}"] += 1
-                    row_index += 1
+            at = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+                rows = pa.Table.from_batches([batch])
+                if not rows.schema.equals(TRAJECTORY_SCHEMA):
+                    rows = rows.cast(TRAJECTORY_SCHEMA)
+                lo, hi = np.searchsorted(drop_rows, [at, at + len(rows)])
+                keep = np.ones(len(rows), dtype=bool)
+                keep[drop_rows[lo:hi] - at] = False
+                u.write_batch("trajectories", rows.filter(pa.array(keep)))
+                u.counts["kept"] += int(keep.sum())
+                if hi > lo:
+                    assert drops is not None
+                    decided = drops.slice(lo, hi - lo)
+                    dropped = rows.take(pa.array(drop_rows[lo:hi] - at))
+                    for name in ("filter", "reason", "score"):
+                        dropped = dropped.append_column(FILTERED_SCHEMA.field(name), decided.column(name))
+                    u.write_batch("filtered", dropped)  # the writer counts "filtered"
+                    for name, n in Counter(decided.column("filter").to_pylist()).items():
+                        u.counts[f"filtered:{name}"] += n
+                u.counts["in"] += len(rows)
+                at += len(rows)
             c = u.counts
             if c["in"] != c["kept"] + c["filtered"]:
                 raise PipelineError(f"unit {unit}: counts do not add up ({dict(c)})")
@@ -211,139 +230,193 @@ class DedupSummary:
         return c["in"] == c["kept"] + c["filtered"] + c["quarantined"]
 
 
-class _Spill:
-    """Driver-side random access to the spill files.
-
-    Signature rows are read with pread, not through a memory map: duplicates are scattered, and
-    touching one 512-byte row per page of a map would make the whole signature file resident.
-    """
+class _Signatures:
+    """Signature rows read with pread, not through a memory map: duplicates are scattered, and
+    touching one 512-byte row per page of a map would make the whole signature file resident."""
 
     def __init__(self, spill: Path) -> None:
         self.spill = spill
-        self._cache: dict[tuple[str, int], Any] = {}
-        self._sig_files: dict[int, tuple[int, int, int]] = {}  # shard -> (fd, data offset, row bytes)
+        self._files: dict[int, tuple[int, int, int]] = {}  # shard -> (fd, data offset, row bytes)
 
-    def _sig_file(self, shard: int) -> tuple[int, int, int]:
-        if shard not in self._sig_files:
+    def _file(self, shard: int) -> tuple[int, int, int]:
+        if shard not in self._files:
             path = self.spill / f"sig-{shard:06d}.npy"
             with open(path, "rb") as fh:
                 version = np.lib.format.read_magic(fh)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
                 shape, _, _ = read(fh)
                 offset = fh.tell()
-            self._sig_files[shard] = (os.open(path, os.O_RDONLY), offset, shape[1] * 4)
-        return self._sig_files[shard]
+            self._files[shard] = (os.open(path, os.O_RDONLY), offset, shape[1] * 4)
+        return self._files[shard]
 
     def close(self) -> None:
-        for fd, _, _ in self._sig_files.values():
+        for fd, _, _ in self._files.values():
             os.close(fd)
-        self._sig_files.clear()
+        self._files.clear()
 
-    def _get(self, what: str, shard: int) -> Any:
-        key = (what, shard)
-        if key not in self._cache:
-            if what == "ids":
-                value: Any = pq.read_table(self.spill / f"ids-{shard:06d}.parquet").column("id").combine_chunks()
-            else:
-                value = np.load(self.spill / f"{what}-{shard:06d}.npy", mmap_mode="r")
-            self._cache[key] = value
-        return self._cache[key]
-
-    def id(self, key: int) -> str:
-        return self._get("ids", key >> 32)[key & 0xFFFFFFFF].as_py()
-
-    def value(self, what: str, key: int) -> Any:
-        return self._get(what, key >> 32)[key & 0xFFFFFFFF]
-
-    def sigs(self, keys: np.ndarray) -> np.ndarray:
-        fd, offset, width = self._sig_file(int(keys[0] >> np.uint64(32)))
+    def rows(self, keys: np.ndarray) -> np.ndarray:
+        _, _, width = self._file(int(keys[0] >> np.uint64(32)))
         buf = bytearray(len(keys) * width)
         for i, key in enumerate(keys.tolist()):
-            fd, offset, width = self._sig_file(key >> 32)
+            fd, offset, _ = self._file(key >> 32)
             buf[i * width : (i + 1) * width] = os.pread(fd, width, offset + (key & 0xFFFFFFFF) * width)
-        return np.frombuffer(bytes(buf), dtype=np.uint32).reshape(len(keys), width // 4)
+        return np.frombuffer(buf, dtype=np.uint32).reshape(len(keys), width // 4)
+
+    def similarity(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Estimated Jaccard of key pairs, read in slices so memory stays a few MiB at any size."""
+        out = np.ones(len(a))
+        for start in range(0, len(a), VERIFY_BATCH):
+            part = slice(start, start + VERIFY_BATCH)
+            out[part] = estimated_jaccard(self.rows(a[part]), self.rows(b[part]))
+        return out
+
+
+def _unique_edges(files: list[Path], nodes: np.ndarray) -> np.ndarray:
+    """Unique edges as one uint64 code each: node index of the smaller end << 32 | of the larger.
+
+    Codes are merged file by file, so memory holds the unique edges, not every band's copy of them.
+    """
+    codes = np.empty(0, dtype=np.uint64)
+    for f in files:
+        e = np.searchsorted(nodes, np.load(f)).astype(np.uint64)
+        e.sort(axis=1)
+        codes = np.union1d(codes, (e[:, 0] << np.uint64(32)) | e[:, 1])
+    return codes
 
 
 def _load_edges(spill: Path) -> tuple[np.ndarray, np.ndarray, int]:
-    """(exact edges, near candidate edges, candidate count), each as unique (a, b) rows with a < b."""
-    def uniq(files: list[Path]) -> np.ndarray:
-        arrays = [np.load(f) for f in files]
-        e = np.concatenate(arrays) if arrays else np.empty((0, 2), np.uint64)
-        if not len(e):
-            return e.reshape(0, 2)
-        e = np.sort(e, axis=1)
-        return np.unique(e, axis=0)
+    """(exact edges, near candidate edges, candidate count), each as unique (a, b) key rows with a < b."""
+    exact_files = sorted(spill.glob("edges-0000-*.npy"))
+    near_files = [f for f in sorted(spill.glob("edges-*.npy")) if not f.name.startswith("edges-0000-")]
+    nodes = np.empty(0, dtype=np.uint64)
+    for f in exact_files + near_files:
+        nodes = np.union1d(nodes, np.load(f))
 
-    exact = uniq(sorted(spill.glob("edges-0000-*.npy")))
-    near = uniq([f for f in sorted(spill.glob("edges-*.npy")) if not f.name.startswith("edges-0000-")])
-    return exact, near, len(near)
+    def decode(codes: np.ndarray) -> np.ndarray:
+        return np.stack([nodes[(codes >> np.uint64(32)).astype(np.int64)],
+                         nodes[(codes & np.uint64(0xFFFFFFFF)).astype(np.int64)]], axis=1).reshape(-1, 2)
+
+    near = decode(_unique_edges(near_files, nodes))
+    return decode(_unique_edges(exact_files, nodes)), near, len(near)
 
 
-def _verify(near: np.ndarray, spill: _Spill, threshold: float, batch: int = 200_000) -> np.ndarray:
-    """Near candidates whose estimated Jaccard (full signature) reaches the threshold."""
-    keep = []
-    for start in range(0, len(near), batch):
-        e = near[start : start + batch]
-        sim = (spill.sigs(e[:, 0]) == spill.sigs(e[:, 1])).mean(axis=1)
-        keep.append(e[sim >= threshold])
-    return np.concatenate(keep) if keep else near
+def _members(spill: Path, keys: np.ndarray, labels: np.ndarray) -> pa.Table:
+    """One row per clustered record (key, component, id, reward, exact hash), read shard by shard."""
+    shards = (keys >> np.uint64(32)).astype(np.int64)
+    rows = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    ids, rewards, exact = [], [], []
+    for shard in np.unique(shards).tolist():
+        mine = rows[shards == shard]
+        ids.append(pq.read_table(spill / f"ids-{shard:06d}.parquet").column("id").take(pa.array(mine)))
+        rewards.append(np.load(spill / f"reward-{shard:06d}.npy", mmap_mode="r")[mine])
+        exact.append(np.load(spill / f"exact-{shard:06d}.npy", mmap_mode="r")[mine])
+    reward = np.concatenate(rewards) if rewards else np.empty(0)
+    return pa.table({
+        "key": keys, "component": labels,
+        "id": pa.chunked_array([c for a in ids for c in a.chunks], pa.string()),
+        # Sort key for prefer_reward: higher reward first, missing reward last.
+        "neg_reward": np.where(np.isnan(reward), np.inf, -reward),
+        "exact": np.concatenate(exact) if exact else np.empty(0, np.uint64),
+    })
+
+
+def _write_drops(spill: Path, keys: np.ndarray, exact: np.ndarray, rep_ids: list[str], cluster_ids: np.ndarray,
+                 sims: np.ndarray) -> None:
+    """`drops-<shard>.parquet` (row, filter, reason, score) for every dropped record, one shard at a time."""
+    order = np.argsort(keys)
+    shards = (keys[order] >> np.uint64(32)).astype(np.int64)
+    bounds = np.flatnonzero(np.diff(shards)) + 1
+    for part in np.split(order, bounds):
+        if not len(part):
+            continue
+        entries: dict[str, list[Any]] = {"row": [], "filter": [], "reason": [], "score": []}
+        for i in part.tolist():
+            cid, rep = int(cluster_ids[i]), rep_ids[i]
+            entries["row"].append(int(keys[i] & np.uint64(0xFFFFFFFF)))
+            if exact[i]:
+                entries["filter"].append("exact_dedup")
+                entries["reason"].append(f"exact duplicate of {rep} (cluster {cid})")
+                entries["score"].append(1.0)
+            else:
+                entries["filter"].append("near_dedup")
+                entries["reason"].append(f"near duplicate of {rep} (cluster {cid}, est. jaccard {sims[i]:.2f})")
+                entries["score"].append(float(sims[i]))
+        shard = int(keys[part[0]] >> np.uint64(32))
+        pq.write_table(pa.table(entries), spill / f"drops-{shard:06d}.parquet")
 
 
 def cluster(spill_dir: Path, output: Path, threshold: float, prefer_reward: bool, near_enabled: bool
             ) -> tuple[int, int, int]:
-    """Union-find over the edges; write drops per shard and `clusters.parquet`. Returns (clusters, candidates, verified)."""
-    spill = _Spill(spill_dir)
-    exact, near, candidates = _load_edges(spill_dir)
-    verified = _verify(near, spill, threshold) if near_enabled and len(near) else np.empty((0, 2), np.uint64)
-    uf = UnionFind()
-    for a, b in exact.tolist():
-        uf.union(a, b)
-    for a, b in verified.tolist():
-        uf.union(a, b)
-    groups = uf.groups()
+    """Components of the exact and verified near edges; write drops per shard and `clusters.parquet`.
 
-    def rank(key: int) -> tuple[Any, ...]:
-        ident = spill.id(key)
-        if prefer_reward:
-            r = float(spill.value("reward", key))
-            return (-(r if r == r else float("-inf")), ident)
-        return (ident,)
-
-    clusters = []
-    for members in groups:
-        ranked = sorted(members, key=rank)
-        clusters.append((spill.id(ranked[0]), ranked))
-    clusters.sort(key=lambda c: c[0])
-    drops: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    rows: dict[str, list[Any]] = {name: [] for name in CLUSTER_SCHEMA.names}
-    for cid, (rep_id, ranked) in enumerate(clusters):
-        rep = ranked[0]
-        rep_exact = int(spill.value("exact", rep))
-        kinds = set()
-        others = ranked[1:]
-        sims = np.ones(len(others))
+    Everything held here is a compact array over the clustered records (the duplicates and their
+    representatives), never over the whole input. Returns (clusters, candidates, verified).
+    """
+    sigs = _Signatures(spill_dir)
+    try:
+        exact, near, candidates = _load_edges(spill_dir)
+        verified = near[:0]
+        if near_enabled and len(near):
+            verified = near[sigs.similarity(near[:, 0], near[:, 1]) >= threshold]
+        del near
+        keys, labels = components(np.concatenate([exact, verified]))
+        del exact
+        if not len(keys):
+            table = CLUSTER_SCHEMA.empty_table()
+            return _write_clusters(table, output), candidates, 0
+        members = _members(spill_dir, keys, labels)
+        rank = [("component", "ascending")] + ([("neg_reward", "ascending")] if prefer_reward else [])
+        members = members.take(pc.sort_indices(members, sort_keys=rank + [("id", "ascending")]))
+        comp = members.column("component").to_numpy()
+        starts = np.flatnonzero(np.r_[True, comp[1:] != comp[:-1]])
+        sizes = np.diff(np.r_[starts, len(comp)])
+        first = np.repeat(starts, sizes)  # row of each record's representative
+        reps = members.column("id").take(pa.array(starts))
+        # Clusters are numbered in the order of their representatives' ids.
+        cluster_of_comp = np.empty(len(starts), dtype=np.int64)
+        cluster_of_comp[pc.sort_indices(reps).to_numpy()] = np.arange(len(starts))
+        cluster_ids = np.repeat(cluster_of_comp, sizes)
+        key = members.column("key").to_numpy()
+        same_exact = members.column("exact").to_numpy() == members.column("exact").to_numpy()[first]
+        dropped = np.ones(len(key), dtype=bool)
+        dropped[starts] = False
+        sims = np.ones(len(key))
         if near_enabled:
-            sims = (spill.sigs(np.array(others, dtype=np.uint64)) == spill.sigs(np.array([rep], dtype=np.uint64))).mean(axis=1)
-        for key, sim in zip(others, sims):
-            if int(spill.value("exact", key)) == rep_exact:
-                kinds.add("exact")
-                entry = ("exact_dedup", f"exact duplicate of {rep_id} (cluster {cid})", 1.0)
-            else:
-                kinds.add("near")
-                entry = ("near_dedup", f"near duplicate of {rep_id} (cluster {cid}, est. jaccard {sim:.2f})", float(sim))
-            drops[key >> 32].append({"row": key & 0xFFFFFFFF, "filter": entry[0], "reason": entry[1], "score": entry[2]})
-        rows["cluster_id"].append(cid)
-        rows["representative"].append(rep_id)
-        rows["members"].append(sorted(spill.id(k) for k in ranked))
-        rows["size"].append(len(ranked))
-        rows["kind"].append("mixed" if len(kinds) > 1 else kinds.pop())
-    spill.close()
-    for shard, entries in drops.items():
-        pq.write_table(pa.Table.from_pylist(entries), spill_dir / f"drops-{shard:06d}.parquet")
+            sims[dropped] = sigs.similarity(key[dropped], key[first[dropped]])
+        rep_ids = reps.to_pylist()
+        comp_index = np.repeat(np.arange(len(starts)), sizes)
+        _write_drops(spill_dir, key[dropped], same_exact[dropped],
+                     [rep_ids[c] for c in comp_index[dropped].tolist()], cluster_ids[dropped], sims[dropped])
+        del rep_ids
+        # Kind per cluster from the counts of its exact and near drops.
+        n_exact = np.bincount(cluster_ids[dropped & same_exact], minlength=len(starts))
+        n_near = np.bincount(cluster_ids[dropped & ~same_exact], minlength=len(starts))
+        kind = np.where(n_near == 0, "exact", np.where(n_exact == 0, "near", "mixed"))
+        # Members listed by id within each cluster, clusters in cluster-id order.
+        by_cluster = pc.sort_indices(pa.table({"c": cluster_ids, "id": members.column("id")}),
+                                     sort_keys=[("c", "ascending"), ("id", "ascending")])
+        member_ids = members.column("id").take(by_cluster).combine_chunks()
+        cluster_sizes = np.bincount(cluster_ids, minlength=len(starts))
+        offsets = pa.array(np.r_[0, np.cumsum(cluster_sizes)].astype(np.int32))
+        table = pa.table({
+            "cluster_id": np.arange(len(starts), dtype=np.int64),
+            "representative": reps.take(pa.array(np.argsort(cluster_of_comp))),
+            "members": pa.ListArray.from_arrays(offsets, member_ids),
+            "size": cluster_sizes.astype(np.int64),
+            "kind": pa.array(kind, pa.string()),
+        }, schema=CLUSTER_SCHEMA)
+        return _write_clusters(table, output), candidates, len(verified)
+    finally:
+        sigs.close()
+        # Arrow's allocator keeps freed blocks; give them back before the write phase needs memory.
+        pa.default_memory_pool().release_unused()
+
+
+def _write_clusters(table: pa.Table, output: Path) -> int:
     tmp = output / f".tmp-{CLUSTERS_FILE}"
-    pq.write_table(pa.table(rows, schema=CLUSTER_SCHEMA), tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="zstd")
     tmp.replace(output / CLUSTERS_FILE)
-    return len(clusters), candidates, len(verified)
+    return table.num_rows
 
 
 def run_dedup(
@@ -370,6 +443,9 @@ def run_dedup(
     if len(set(units)) != len(units):
         raise PipelineError(f"{input_dir}: shard file names repeat; cannot name units after them")
     params = None if exact_only else lsh_params(threshold, num_perm)
+    # Enough partitions that one grouping task sorts at most BUCKET_ROWS records, whatever the input size.
+    total = sum(pq.ParquetFile(s).metadata.num_rows for s in shards)
+    partitions = max(partitions, -(-total // BUCKET_ROWS))
     key = (f"dedup\0{threshold}\0{num_perm}\0{exact_only}\0{prefer_reward}\0{source.path.resolve()}\0"
            f"{','.join(units)}\0{trajforge_version()}")
     ds = Dataset.create(output, stage="dedup", config_hash=hashlib.sha256(key.encode()).hexdigest(),

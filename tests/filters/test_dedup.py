@@ -9,7 +9,7 @@ from datasketch import MinHash
 from typer.testing import CliRunner
 
 from benchmarks.dedup import write_dataset
-from filters.dedup import Signer, UnionFind, bucket_edges, lsh_params, shingle_hashes
+from filters.dedup import Signer, bucket_edges, components, lsh_params, shingle_hashes
 from flows.cli import app
 from pipelines.dedup import CLUSTERS_FILE, run_dedup
 from schemas.store import Dataset
@@ -38,11 +38,18 @@ def test_lsh_params_and_helpers():
     assert p.bands * p.rows <= 128 and p.curve(0.9) > 0.95 and p.curve(0.5) < 0.05
     edges = bucket_edges(np.array([5, 3, 5, 5, 9], dtype=np.uint64), np.arange(5, dtype=np.uint64))
     assert sorted(map(tuple, edges.tolist())) == [(0, 2), (0, 3)]
-    uf = UnionFind()
-    uf.union(1, 2)
-    uf.union(3, 2)
-    uf.union(7, 8)
-    assert sorted(sorted(g) for g in uf.groups()) == [[1, 2, 3], [7, 8]]
+    nodes, labels = components(np.array([[30, 20], [10, 20], [70, 80]], dtype=np.uint64))
+    assert nodes.tolist() == [10, 20, 30, 70, 80] and labels.tolist() == [0, 0, 0, 1, 1]
+
+
+def test_components_follow_long_chains():
+    # A chain in shuffled order needs many propagation rounds; every node must end in one component.
+    rng = np.random.default_rng(3)
+    keys = rng.permutation(10_000).astype(np.uint64) + np.uint64(1 << 33)
+    edges = np.stack([keys[:-1], keys[1:]], axis=1)[rng.permutation(9_999)]
+    extra = np.array([[5, 6], [6, 7]], dtype=np.uint64)
+    nodes, labels = components(np.concatenate([edges, extra]))
+    assert len(nodes) == 10_003 and labels.tolist() == [0, 0, 0] + [1] * 10_000
 
 
 def test_planted_near_duplicates_recall_and_no_false_merges(planted):
@@ -104,3 +111,13 @@ def test_prefer_reward_picks_best_representative(tmp_path):
     run_dedup(str(tmp_path / "in"), str(tmp_path / "out"), prefer_reward=True)
     [cl] = pq.read_table(tmp_path / "out" / CLUSTERS_FILE).to_pylist()
     assert cl["representative"] == "test/9"  # reward 1.0 beats test/1's 0.0
+
+
+def test_band_partitions_do_not_change_the_result(planted, tmp_path):
+    root, _, _ = planted
+    run_dedup(str(root / "in"), str(tmp_path / "parts"), partitions=3)
+    assert pq.read_table(tmp_path / "parts" / CLUSTERS_FILE).equals(pq.read_table(root / "out" / CLUSTERS_FILE))
+    def decisions(path):
+        return sorted((f.record.id, f.decision.reason) for f in Dataset.open(path).iter_records("filtered"))
+
+    assert decisions(tmp_path / "parts") == decisions(root / "out")
