@@ -20,8 +20,8 @@ class LLMConfig(BaseModel):
     base_url: str | None = None
     # Name of the environment variable holding the key; the key itself never lives here.
     api_key_env: str | None = "OPENAI_API_KEY"
-    # HTTP transport of the openai backend: lean bare aiohttp (fast path) or the official SDK.
-    transport: Literal["aiohttp", "openai"] = "aiohttp"
+    # HTTP transport of the openai backend: the lean built-in client (fast path) or the official SDK.
+    transport: Literal["http", "openai"] = "http"
 
     max_concurrency: int = Field(32, ge=1, description="initial and maximum in-flight requests")
     min_concurrency: int = Field(1, ge=1)

@@ -1,21 +1,24 @@
 """OpenAI-compatible HTTP backend (vLLM serve, llama.cpp server, hosted APIs).
 
-Two transports: a lean bare-aiohttp hot path (default; client CPU is the throughput bottleneck)
-and the official `openai` SDK, kept for servers/features where its handling matters.
+Two transports: a lean HTTP/1.1 client (`backends.http_client`; default, because client CPU is
+the throughput bottleneck) and the official `openai` SDK, used when configured and for any answer
+the lean client does not handle (redirects, compressed bodies).
 """
 
 from __future__ import annotations
 
-import asyncio
+import logging
 from typing import Any
 
-import aiohttp
 import orjson
 
 from backends.base import LLM
 from backends.config import LLMConfig
 from backends.errors import BackendError, kind_for_status, parse_retry_after
+from backends.http_client import HTTPClient, Unsupported
 from backends.types import ChatRequest, Completion, ToolCall, split_usage
+
+log = logging.getLogger("trajforge.backends")
 
 # Parameters the SDK accepts as keyword arguments; anything else must travel in extra_body.
 _SDK_PARAMS = frozenset(
@@ -59,52 +62,44 @@ class OpenAILLM(LLM):
     def __init__(self, config: LLMConfig):
         super().__init__(config)
         base = (config.base_url or "https://api.openai.com/v1").rstrip("/")
-        self._url = base + "/chat/completions"
         self._base_url = base
         key = config.api_key()
-        # Built once: per-request dict work is measurable at hundreds of requests per second.
-        self._headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json"}
         if key:
-            self._headers["Authorization"] = f"Bearer {key}"
-        self._session: aiohttp.ClientSession | None = None
+            headers["Authorization"] = f"Bearer {key}"
         self._sdk: Any = None
-        if config.transport == "openai":
-            # Import (slow) now, not inside the first request's timeout window.
-            import openai  # noqa: F401
+        self._http: HTTPClient | None = None
+        self._use_sdk = not (config.transport == "http" and base.startswith(("http://", "https://")))
+        if not self._use_sdk:
+            self._http = HTTPClient(base + "/chat/completions", headers)
+        else:
+            # Import (slow) now, not inside the first request's timeout window; the SDK loads its
+            # chat resources lazily, on first use.
+            import openai.resources.chat  # noqa: F401
 
-    # ---- aiohttp transport --------------------------------------------------------------------
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        # A session is bound to the loop it was made in; a client reused under a new
-        # asyncio.run() needs a fresh one.
-        if self._session is None or self._session.closed or self._session._loop is not asyncio.get_running_loop():
-            # No connector limit and no aiohttp timeout: the shared limiter and asyncio.timeout
-            # already bound both, and a second layer would only add per-request overhead.
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",)
-            )
-        return self._session
+    # ---- lean HTTP transport ------------------------------------------------------------------
 
     async def _complete(self, request: ChatRequest) -> list[Completion]:
-        if self.config.transport == "openai":
+        if self._use_sdk or self._http is None:
             return await self._complete_sdk(request)
         body = orjson.dumps(build_payload(self.config.model, request))
         try:
-            async with self._get_session().post(self._url, data=body, headers=self._headers) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    raise BackendError(
-                        kind_for_status(resp.status),
-                        self.redact(f"HTTP {resp.status}: {raw[:500].decode('utf-8', 'replace')}"),
-                        status=resp.status,
-                        retry_after=parse_retry_after(resp.headers.get("Retry-After")),
-                    )
-        except aiohttp.ClientError as exc:
-            # Covers refused/dropped connections and payload errors; the request may be resent.
+            resp = await self._http.post(body)
+        except Unsupported as exc:
+            log.info("%s from %s: using the openai SDK transport from now on", exc, self.redact(self._base_url))
+            self._use_sdk = True
+            return await self._complete_sdk(request)
+        except OSError as exc:  # refused, reset or cut-off connections; the request may be resent
             raise BackendError("connection", self.redact(f"{type(exc).__name__}: {exc}")) from None
+        if resp.status != 200:
+            raise BackendError(
+                kind_for_status(resp.status),
+                self.redact(f"HTTP {resp.status}: {resp.body[:500].decode('utf-8', 'replace')}"),
+                status=resp.status,
+                retry_after=parse_retry_after(resp.headers.get("retry-after")),
+            )
         try:
-            return parse_response(orjson.loads(raw))
+            return parse_response(orjson.loads(resp.body))
         except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise BackendError("malformed", f"unparseable response body ({type(exc).__name__})") from None
 
@@ -142,7 +137,7 @@ class OpenAILLM(LLM):
             raise BackendError("timeout", "SDK request timed out") from None
         except openai.APIConnectionError as exc:
             raise BackendError("connection", self.redact(f"connection error: {exc}")) from None
-        # Parse the raw body ourselves: same code path as the aiohttp transport, and malformed
+        # Parse the raw body ourselves: same code path as the lean transport, and malformed
         # bodies surface as retryable errors instead of SDK validation exceptions.
         try:
             return parse_response(orjson.loads(raw.content))
@@ -150,9 +145,8 @@ class OpenAILLM(LLM):
             raise BackendError("malformed", f"unparseable response body ({type(exc).__name__})") from None
 
     async def _close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+        if self._http is not None:
+            await self._http.close()
         if self._sdk is not None:
             await self._sdk.close()
             self._sdk = None
-        await asyncio.sleep(0)  # let aiohttp finish closing transports before the loop ends

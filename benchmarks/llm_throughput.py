@@ -34,6 +34,15 @@ def start_server(latency: float, capacity: int) -> tuple[subprocess.Popen[str], 
     return proc, line.rsplit(" ", 1)[1].strip()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process, from /proc (None where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def prompts(n: int) -> list[str]:
     return [f"Write one sentence about item number {i}." for i in range(n)]
 
@@ -55,13 +64,26 @@ async def run_trajforge(base_url: str, n: int, capacity: int, cache_dir: str) ->
                 return False
 
         items = prompts(n)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         ok = await asyncio.gather(*(one(p) for p in items))
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         return {
             "answered": sum(ok), "ledgered": len(llm.ledger.records), "elapsed_s": elapsed,
-            "stats": llm.stats.as_dict(),
+            "client_cpu_us_per_request": cpu / n * 1e6, "stats": llm.stats.as_dict(),
         }
+
+
+def measure_trajforge(proc: subprocess.Popen[str], base_url: str, n: int, capacity: int, ideal: float) -> dict[str, Any]:
+    """One run on a fresh cache, with the client's and the fake server's CPU per request."""
+    server_cpu0 = cpu_seconds(proc.pid)
+    with tempfile.TemporaryDirectory() as tmp:
+        r = asyncio.run(run_trajforge(base_url, n, capacity, tmp))
+    server_cpu1 = cpu_seconds(proc.pid)
+    if server_cpu0 is not None and server_cpu1 is not None:
+        r["server_cpu_us_per_request"] = (server_cpu1 - server_cpu0) / n * 1e6
+    rps = n / r["elapsed_s"]
+    r.update(rps=rps, ratio=rps / ideal, lost=n - r["answered"] - r["ledgered"])
+    return r
 
 
 # Peer jobs run inside their own venvs (their pins clash with ours); each prints one JSON line.
@@ -167,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--capacity", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=1, help="trajforge runs; the median one is reported")
     ap.add_argument("--no-peers", action="store_true", help="only measure trajforge")
     ap.add_argument("--peer-timeout", type=float, default=300.0, help="seconds before a peer run is abandoned")
     a = ap.parse_args(argv)
@@ -177,14 +200,22 @@ def main(argv: list[str] | None = None) -> None:
     }
     proc, base_url = start_server(a.latency, a.capacity)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            r = asyncio.run(run_trajforge(base_url, a.requests, a.capacity, tmp))
-        rps = a.requests / r["elapsed_s"]
-        lost = a.requests - r["answered"] - r["ledgered"]
-        r.update(rps=rps, ratio=rps / ideal, lost=lost)
+        runs = []
+        for _ in range(a.repeat):
+            r = measure_trajforge(proc, base_url, a.requests, a.capacity, ideal)
+            runs.append(r)
+            server = r.get("server_cpu_us_per_request")
+            print(f"trajforge: {r['rps']:.1f} req/s, ideal {ideal:.1f} req/s, ratio {r['ratio']:.3f} (target >= 0.95); "
+                  f"answered {r['answered']}, ledgered {r['ledgered']}, lost {r['lost']}; CPU per request: "
+                  f"client {r['client_cpu_us_per_request']:.0f} us, server "
+                  + (f"{server:.0f} us" if server is not None else "unknown"), flush=True)
+        r = sorted(runs, key=lambda x: x["rps"])[len(runs) // 2]
+        rps = r["rps"]
         result["trajforge"] = r
-        print(f"trajforge: {rps:.1f} req/s, ideal {ideal:.1f} req/s, ratio {rps / ideal:.3f} (target >= 0.95); "
-              f"answered {r['answered']}, ledgered {r['ledgered']}, lost {lost}")
+        if a.repeat > 1:
+            result["trajforge_runs"] = runs
+            print(f"trajforge median of {a.repeat}: ratio {r['ratio']:.3f}; lost in all runs: "
+                  f"{sum(x['lost'] for x in runs)}")
         if not a.no_peers:
             for name in PEERS:
                 pr = run_peer(name, base_url, a.requests, a.capacity, a.peer_timeout)

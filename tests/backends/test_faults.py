@@ -17,7 +17,7 @@ def user(text: str) -> list[dict]:
 RETRYABLE_FAULTS = ["429", "500", "502", "503", "408", "409", "stall", "malformed", "disconnect"]
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "openai"])
+@pytest.mark.parametrize("transport", ["http", "openai"])
 @pytest.mark.parametrize("kind", RETRYABLE_FAULTS)
 def test_retryable_fault_is_retried_once(fake_server, client, kind, transport):
     srv = fake_server(rules=[Rule(answer=Fault(kind, retry_after=0.0), times=1)], stall_s=2.0, retry_after=0.0)

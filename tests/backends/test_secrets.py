@@ -23,7 +23,7 @@ def files_bytes(tmp_path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "openai"])
+@pytest.mark.parametrize("transport", ["http", "openai"])
 def test_key_never_leaks(fake_server, client, tmp_path, monkeypatch, caplog, transport):
     monkeypatch.setenv("TRAJFORGE_TEST_KEY", KEY)
     # A hosted API echoes the key in its 401 body; the server also fails one request with it.
