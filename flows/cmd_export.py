@@ -70,3 +70,17 @@ def print_report(report: Any) -> None:
     for reason, n in report.skipped.most_common():
         table.add_row(f"  {reason}", str(n))
     console.print(table)
+
+
+def card(
+    export_dir: Annotated[Path, typer.Argument(help="An export directory (made by trajforge export).")],
+) -> None:
+    """Regenerate the dataset card (README.md and plots/*.png) of an export directory from its card.json."""
+    from converters.export.card import CardError, regenerate_card
+
+    try:
+        readme = regenerate_card(export_dir)
+    except CardError as exc:
+        fail(str(exc))
+    plots = sorted(p.name for p in (export_dir / "plots").glob("*.png"))
+    console.print(f"wrote {readme} and {len(plots)} plots: {', '.join(plots) or '-'}", highlight=False)

@@ -132,7 +132,7 @@ def resolve_options(fmt: Format, cfg: ExportConfig, ds: Dataset) -> FormatOption
         raise ExportError(f"unknown KTO mode {cfg.kto_mode!r}; choose one of {', '.join(KTO_MODES)}")
     layout = cfg.sft_layout
     if layout == "auto":
-        masked = fmt.name == "trl-sft" and _any_masked(ds.shard_files("trajectories"), cfg.mix)
+        masked = fmt.name == "trl-sft" and _any_masked(ds.checked_shard_files("trajectories"), cfg.mix)
         layout = "prompt-completion" if masked else "messages"
     reasoning = fmt.keeps_reasoning if cfg.reasoning is None else cfg.reasoning
     return FormatOptions(RenderOptions(reasoning=reasoning, web_max_chars=cfg.web_max_chars), layout, cfg.kto_mode)  # type: ignore[arg-type]
@@ -147,7 +147,7 @@ def _records(fmt: Format, ds: Dataset, cfg: ExportConfig) -> Iterator[tuple[str,
         for traj in ds.iter_records("trajectories"):
             yield traj.id, traj.source, (lambda o, t=traj: fmt.rows(t, o)), traj
         return
-    joined = pair_join.iter_joined_pairs(ds.shard_files("pairs"), ds.shard_files("trajectories"), cfg.duckdb_memory_limit)
+    joined = pair_join.iter_joined_pairs(ds.checked_shard_files("pairs"), ds.checked_shard_files("trajectories"), cfg.duckdb_memory_limit)
     for pair, chosen, rejected in joined:
         yield pair.id, pair.source, (lambda o, p=pair, c=chosen, r=rejected: _pair_rows(fmt, p, c, r, o)), chosen
 
@@ -217,6 +217,6 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
     except BaseException:
         writer.abort()
         raise
-    write_card(out, fmt, cfg, report, report.files)
+    write_card(out, fmt, cfg, report, report.files, source=src)
     return report
 
