@@ -37,14 +37,17 @@ $(VENV)/.installed-test: $(VENV)/.installed-base
 
 install: $(VENV)/.installed-base
 
+# The whole pipeline flow (configs/pipeline_demo.yaml) on the embedded model; see README.
 demo: $(VENV)/.installed-base
-	$(TRAJFORGE) demo --output $(OUT)
+	$(TRAJFORGE) run configs/pipeline_demo.yaml --output $(OUT)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# All benchmarks, each in its own process; writes benchmarks/results/summary.md.
+# BENCH_ARGS="--full" for the large sizes, BENCH_ARGS="--only dedup export" for some.
 bench: $(VENV)/.installed-test
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cmd_convert, cmd_demo, cmd_export, cmd_fake_server, cmd_filter, cmd_generate, cmd_run, cmd_store
+from flows import cmd_convert, cmd_export, cmd_fake_server, cmd_filter, cmd_generate, cmd_run, cmd_store
 
 app = typer.Typer(
     name="trajforge",
@@ -26,7 +26,8 @@ app.command("filter", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_filter.f
 app.command("dedup", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_filter.dedup_cmd)
 app.command("mix")(cmd_filter.mix_cmd)
 app.command("export")(cmd_export.export)
-app.command("demo")(cmd_demo.demo)
+app.command("card")(cmd_export.card)
+app.command("demo")(cmd_run.demo)
 app.command("fake-server")(cmd_fake_server.fake_server)
 app.command("run")(cmd_run.run)
 app.command("serve")(cmd_run.serve)

@@ -1,4 +1,4 @@
-"""`trajforge run CONFIG` and `trajforge serve CONFIG`: the Prefect pipeline flow from the command line.
+"""`trajforge run CONFIG`, `trajforge demo` and `trajforge serve CONFIG`: the Prefect pipeline flow from the command line.
 
 Prefect is imported only inside the commands, after its settings have defaults: PREFECT_HOME
 under the pipeline's output (`<output>/_prefect`), analytics off, a long ephemeral-server
@@ -14,15 +14,18 @@ from typing import Annotated, Any
 import typer
 
 from flows.console import console, fail
+from flows.run_summary import print_run_summary
+
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pipeline_demo.yaml"
 
 
-def _prefect_defaults(config: Path) -> None:
+def _prefect_defaults(config: Path, output: Path | None = None) -> None:
     """Default Prefect settings; must run before prefect is imported."""
     home = None
     try:
         from flows.pipeline_config import load_pipeline_config
 
-        home = load_pipeline_config(config).root / "_prefect"
+        home = load_pipeline_config(config, str(output) if output else None).root / "_prefect"
     except Exception:  # noqa: BLE001 - the flow reports a bad config properly
         home = Path.home() / ".trajforge" / "prefect"
     # Prefect's SQLite database cannot be created in a folder that does not exist yet.
@@ -46,17 +49,21 @@ def _check(config: Path) -> Path:
     return config.resolve()
 
 
-def run(config: Annotated[Path, typer.Argument(help="Pipeline config (YAML).")]) -> None:
+OutputOption = Annotated[Path | None, typer.Option("--output", "-o", help="Output root (replaces the config's).")]
+
+
+def run(config: Annotated[Path, typer.Argument(help="Pipeline config (YAML).")], output: OutputOption = None) -> None:
     """Run the whole pipeline (convert, generate, filter, dedup, mix, export) as a Prefect flow."""
     config = _check(config)
-    _prefect_defaults(config)
+    _prefect_defaults(config, output)
     from flows.pipeline import pipeline_flow
 
-    result = pipeline_flow(str(config))
-    for res in result["stages"]:
-        counts = " ".join(f"{k}={v}" for k, v in res["counts"].items())
-        console.print(f"{res['stage']:8} {res['name']:24} {res['reason']:45} {counts}")
-    console.print(f"done in {result['seconds']:.1f}s; runs logged in {result['output']}/_runs.jsonl")
+    print_run_summary(pipeline_flow(str(config), str(output) if output else None))
+
+
+def demo(output: OutputOption = None) -> None:
+    """The main job on the embedded model: `trajforge run configs/pipeline_demo.yaml` (run it from the repository)."""
+    run(DEMO_CONFIG, output)
 
 
 def serve(

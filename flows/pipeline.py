@@ -4,8 +4,10 @@ Each stage is a Prefect task (retries, timeout) around a library call; the libra
 work and its own resume (finished units are never redone). The flow adds a stage-level skip:
 a stage whose output manifest says complete, with the config hash the flow recorded for the
 same stage config, is not run again. State lives in `<output>/_state/<stage>/<name>.json`.
-At the end the flow publishes a markdown artifact (counts per stage, ran/skipped and why),
-link artifacts to the outputs, and appends one line to `<output>/_runs.jsonl`.
+At the end the flow publishes a markdown artifact (counts per stage and per reason, ran/skipped
+and why, links to the outputs), link artifacts to the exports, and appends one line to
+`<output>/_runs.jsonl`. While it runs it prints one line per stage (and a progress bar for
+generation) on the console.
 
 Only this package imports Prefect; generators and Beam pipelines run without it.
 """
@@ -24,7 +26,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+# The module, not its Console: a served flow is cloudpickled by value, and a Console holds a lock.
+from flows import console as term
 from flows.pipeline_config import PipelineConfig, load_pipeline_config, stage_key
+from flows.progress import RichProgress
 
 RUNS_FILE = "_runs.jsonl"
 STATE_DIR = "_state"
@@ -141,13 +146,38 @@ def generate_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
     out = cfg.stage_dir("generate", entry.name)
     data = entry.method_config(cfg.llm)
     method_cfg = load_config(data)
-    key = stage_key("generate", method_cfg.output_hash(), _version())
+    key = stage_key("generate", entry.agent, method_cfg.output_hash(), _version())
     if (done := _skip(cfg, "generate", entry.name, key, out)) is not None:
         return done
-    summary = asyncio.run(generate(method_cfg, out))
+    with RichProgress(f"{entry.method} tasks") as progress:
+        if entry.agent == "scripted":
+            summary = asyncio.run(_generate_scripted(method_cfg, out, progress))
+        else:
+            summary = asyncio.run(generate(method_cfg, out, progress=progress))
     counts = {k: v for k, v in (Dataset.open(out).manifest().get("counts") or {}).items()}
     counts.setdefault("tasks", summary.tasks)
+    if entry.agent == "llm":
+        counts.update({f"llm_{k}": summary.llm.get(k, 0) for k in ("prompt_tokens", "completion_tokens")})
     return _finish(cfg, "generate", entry.name, key, out, counts)
+
+
+async def _generate_scripted(config: Any, out: Path, progress: Any) -> Any:
+    """`generators.runner.generate` with the scripted retail agent in place of an LLM."""
+    from envs import make_env
+    from generators.registry import get_method
+    from generators.scripted import ScriptedRetailLLM
+    from schemas.store import Dataset
+
+    if getattr(config, "env", None) != "retail" or not hasattr(config, "num_tasks"):
+        raise ValueError(f"agent: scripted plays retail search methods (env: retail, num_tasks); not {config.method}")
+    with make_env("retail", **config.env_config) as env:
+        tasks = env.generate_tasks(config.num_tasks, seed=config.task_seed)
+    ds = Dataset.create(out, stage=f"generate:{config.method}", config_hash=config.output_hash())
+    ds.recover()
+    method = get_method(config.method)(config, ScriptedRetailLLM(tasks))
+    summary = await method.run(method.tasks(), ds, progress=progress)
+    ds.mark_complete({**dict(ds.unit_counts()), "tasks_total": summary.tasks, "scripted_calls": summary.llm.get("calls", 0)})
+    return summary
 
 
 @_task("filter")
@@ -217,46 +247,51 @@ def _configured(fn, retries: int, timeout: float):
 
 
 @flow(name="trajforge-pipeline", log_prints=True)
-def pipeline_flow(config_path: str) -> dict[str, Any]:
-    """Run every stage of the pipeline config at `config_path`; returns the per-stage results."""
+def pipeline_flow(config_path: str, output: str | None = None) -> dict[str, Any]:
+    """Run every stage of the pipeline config at `config_path` (`output` replaces its output root)."""
     logger = get_run_logger()
     started = time.time()
-    cfg = load_pipeline_config(config_path)
+    cfg = load_pipeline_config(config_path, output)
     cfg.root.mkdir(parents=True, exist_ok=True)
     r, t = cfg.retries, cfg.timeouts
     results: list[dict[str, Any]] = []
-    current: dict[str, tuple[str, str]] = {}  # dataset name -> (path, stage key)
+    step = _Steps(_stage_count(cfg))
 
-    for i, entry in enumerate(cfg.convert):
-        res = _configured(convert_stage, r, t.convert)(cfg, i)
+    def run(stage_task, timeout: float, label: str, *args: Any) -> dict[str, Any]:
+        step.announce(label)
+        res = _configured(stage_task, r, timeout)(cfg, *args)
+        term.console.print(f"  {res['reason']}: " + ", ".join(f"{k}={v}" for k, v in res["counts"].items()), highlight=False)
         results.append(res)
+        return res
+
+    current: dict[str, tuple[str, str]] = {}  # dataset name -> (path, stage key), latest stage
+    for i, entry in enumerate(cfg.convert):
+        res = run(convert_stage, t.convert, f"convert {entry.name} ({entry.source})", i)
         current[entry.name] = (res["output"], res["key"])
     for i, entry in enumerate(cfg.generate):
-        res = _configured(generate_stage, r, t.generate)(cfg, i)
-        results.append(res)
+        res = run(generate_stage, t.generate, f"generate {entry.name} ({entry.method}, {_agent_label(cfg, i)})", i)
         current[entry.name] = (res["output"], res["key"])
+    origin = dict(current)  # as converted / generated: the only stage that holds preference pairs
     if cfg.filter is not None:
         for name, (src, up) in list(current.items()):
-            res = _configured(filter_stage, r, t.filter)(cfg, name, src, up)
-            results.append(res)
+            res = run(filter_stage, t.filter, f"filter {name}", name, src, up)
             current[name] = (res["output"], res["key"])
     if cfg.dedup is not None:
         for name, (src, up) in list(current.items()):
-            res = _configured(dedup_stage, r, t.dedup)(cfg, name, src, up)
-            results.append(res)
+            res = run(dedup_stage, t.dedup, f"dedup {name}", name, src, up)
             current[name] = (res["output"], res["key"])
     if cfg.mix is not None:
-        res = _configured(mix_stage, r, t.mix)(cfg, {n: p for n, (p, _) in current.items()},
-                                               [k for _, k in current.values()])
-        results.append(res)
+        res = run(mix_stage, t.mix, f"mix {', '.join(current)} -> {cfg.mix.name}",
+                  {n: p for n, (p, _) in current.items()}, [k for _, k in current.values()])
         current = {cfg.mix.name: (res["output"], res["key"])}
-    for fmt in cfg.export:
-        for name, (src, up) in current.items():
-            results.append(_configured(export_stage, r, t.export)(cfg, name, src, fmt, up))
+    for ex in cfg.exports():
+        targets = {ex.dataset: origin[ex.dataset]} if ex.dataset is not None else current
+        for name, (src, up) in targets.items():
+            run(export_stage, t.export, f"export {name} as {ex.format}", name, src, ex.format, up)
 
     seconds = round(time.time() - started, 3)
     _publish(cfg, results)
-    line = {"time": _now(), "config": str(Path(config_path).resolve()), "seconds": seconds,
+    line = {"time": _now(), "config": str(Path(config_path).resolve()), "output": str(cfg.root), "seconds": seconds,
             "flow_run_id": _flow_run_id(),
             "stages": [{k: res[k] for k in ("stage", "name", "reason", "counts", "output")} for res in results]}
     with open(cfg.root / RUNS_FILE, "a") as fh:
@@ -264,6 +299,33 @@ def pipeline_flow(config_path: str) -> dict[str, Any]:
     for res in results:
         logger.info("%s/%s: %s %s", res["stage"], res["name"], res["reason"], res["counts"])
     return {"output": str(cfg.root), "seconds": seconds, "stages": results}
+
+
+class _Steps:
+    """Numbered stage lines on the console: what the flow is doing now."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+
+    def announce(self, label: str) -> None:
+        self.done += 1
+        term.console.rule(f"[bold]{self.done}/{self.total} {label}", align="left")
+
+
+def _stage_count(cfg: PipelineConfig) -> int:
+    datasets = len(cfg.convert) + len(cfg.generate)
+    per_dataset = datasets * ((cfg.filter is not None) + (cfg.dedup is not None))
+    exported = 1 if cfg.mix is not None else datasets
+    exports = sum(1 if e.dataset is not None else exported for e in cfg.exports())
+    return datasets + per_dataset + (cfg.mix is not None) + exports
+
+
+def _agent_label(cfg: PipelineConfig, index: int) -> str:
+    entry = cfg.generate[index]
+    if entry.agent == "scripted":
+        return "scripted retail agent"
+    llm = entry.method_config(cfg.llm).get("llm") or {}
+    return f"{llm.get('backend', 'llm')}:{llm.get('model', 'default')}"
 
 
 def _flow_run_id() -> str | None:
@@ -281,6 +343,9 @@ def _publish(cfg: PipelineConfig, results: list[dict[str, Any]]) -> None:
     for res in results:
         counts = ", ".join(f"{k}={v}" for k, v in res["counts"].items())
         rows.append(f"| {res['stage']} | {res['name']} | {res['reason']} | {counts} |")
+    rows += ["", "**Counts by reason**", "", "| stage | name | count | records |", "|---|---|---|---|"]
+    for res in results:
+        rows += [f"| {res['stage']} | {res['name']} | {k} | {v} |" for k, v in res["counts"].items() if ":" in k]
     rows += ["", "**Outputs**", ""]
     rows += [f"- {res['stage']}/{res['name']}: [{res['output']}]({Path(res['output']).as_uri()})" for res in results]
     rows += [f"- run log: [{cfg.root / RUNS_FILE}]({(cfg.root / RUNS_FILE).as_uri()})"]

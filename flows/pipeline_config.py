@@ -7,7 +7,11 @@
     filter:   {chain: [{name: ...}]}               # optional, applied to every dataset
     dedup:    {threshold: 0.8}                     # optional, applied to every dataset
     mix:      {weights: {adp: 1.0}, temperature: 1.0, seed: 0}   # optional: one mixed dataset
-    export:   [trl-sft, trl-kto]                   # formats, per dataset (or of the mix)
+    export:   [trl-sft, trl-kto, {format: trl-dpo, dataset: mcts}] # per dataset (or of the mix)
+
+An export entry that names a `dataset` (a convert/generate name) exports that entry's own output:
+filter, dedup and mix carry trajectories only, so preference pairs are exported from where
+they were generated.
 
 Relative paths are resolved against the current directory; inputs may be globs.
 """
@@ -19,7 +23,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -63,12 +67,17 @@ class GenerateEntry(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str
     method: str
+    # scripted: the deterministic retail agent of generators/scripted.py plays the model (search
+    # methods over retail tasks), so a demo gets solved paths, hence preference pairs, without a big model.
+    agent: Literal["llm", "scripted"] = "llm"
 
     _name = field_validator("name")(_check_name)
 
     def method_config(self, default_llm: dict[str, Any] | None) -> dict[str, Any]:
-        data = self.model_dump(exclude={"name"})
-        if "llm" not in data and default_llm is not None:
+        data = self.model_dump(exclude={"name", "agent"})
+        if self.agent == "scripted":
+            data["llm"] = {"backend": "fake", "model": "scripted"}
+        elif "llm" not in data and default_llm is not None:
             data["llm"] = dict(default_llm)
         return data
 
@@ -95,6 +104,12 @@ class MixStage(BaseModel):
     total: int | None = None
 
 
+class ExportEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: str
+    dataset: str | None = None  # a convert/generate name: export its own output; None: every current dataset
+
+
 class Timeouts(BaseModel):
     """Per-task timeouts in seconds (Prefect task timeout_seconds)."""
 
@@ -116,7 +131,7 @@ class PipelineConfig(BaseModel):
     filter: FilterStage | None = None
     dedup: DedupStage | None = None
     mix: MixStage | None = None
-    export: list[str] = Field(default_factory=list)
+    export: list[str | ExportEntry] = Field(default_factory=list)
     retries: int = Field(default=1, ge=0, le=5)
     timeouts: Timeouts = Field(default_factory=Timeouts)
 
@@ -128,7 +143,13 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"convert/generate names must be unique; repeated: {sorted(dup)}")
         if not names:
             raise ValueError("the config has no convert or generate entry")
+        unknown = {e.dataset for e in self.exports() if e.dataset is not None} - set(names)
+        if unknown:
+            raise ValueError(f"export names unknown datasets {sorted(unknown)}; datasets are {names}")
         return self
+
+    def exports(self) -> list[ExportEntry]:
+        return [ExportEntry(format=e) if isinstance(e, str) else e for e in self.export]
 
     @property
     def root(self) -> Path:
@@ -138,10 +159,13 @@ class PipelineConfig(BaseModel):
         return self.root / stage / name
 
 
-def load_pipeline_config(path: str | Path) -> PipelineConfig:
+def load_pipeline_config(path: str | Path, output: str | None = None) -> PipelineConfig:
+    """The config at `path`; `output` replaces its output root."""
     data = yaml.safe_load(Path(path).read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a pipeline config is a YAML mapping")
+    if output is not None:
+        data["output"] = output
     return PipelineConfig.model_validate(data)
 
 

@@ -1,0 +1,61 @@
+"""The end-of-run summary of the pipeline flow: counts per stage and reason, LLM use, where outputs are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from flows.console import console
+
+# Which count is a stage's input and which its output (stages name them differently).
+_IN = ("in", "tasks_total", "tasks")
+_OUT = ("out", "kept", "written", "exported", "trajectories")
+_NOT_REASONS = ("source:", "available:")
+_LLM = (("llm_calls", "LLM calls"), ("llm_cache_hits", "cache hits"), ("llm_prompt_tokens", "prompt tokens"),
+        ("llm_completion_tokens", "completion tokens"))
+
+
+def _first(counts: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    return next((counts[k] for k in keys if k in counts), "-")
+
+
+def reasons(counts: dict[str, Any]) -> dict[str, Any]:
+    """The per-reason counts of a stage (`filtered:x`, `reason:f:r`, `quarantined:s`, `skipped:r`)."""
+    return {k: v for k, v in counts.items() if ":" in k and not k.startswith(_NOT_REASONS)}
+
+
+def llm_totals(stages: list[dict[str, Any]]) -> dict[str, int]:
+    return {label: sum(int(s["counts"].get(key, 0)) for s in stages) for key, label in _LLM}
+
+
+def print_run_summary(result: dict[str, Any]) -> None:
+    stages = result["stages"]
+    table = Table(title="pipeline summary", title_justify="left")
+    for col in ("stage", "name", "status", "in", "out", "filtered", "quarantined"):
+        table.add_column(col, justify="right" if col in ("in", "out", "filtered", "quarantined") else "left",
+                         no_wrap=True)
+    for s in stages:
+        c = s["counts"]
+        status = "ran" if s["reason"] == "ran" else "skipped"
+        dropped = (sum(v for k, v in c.items() if k.startswith("skipped:")) if s["stage"] == "export"
+                   else c.get("filtered", "-"))
+        table.add_row(s["stage"], s["name"], status, str(_first(c, _IN)), str(_first(c, _OUT)), str(dropped),
+                      str(c.get("quarantined", "-")))
+    console.print(table)
+    console.print("[bold]by reason[/]")
+    for s in stages:
+        for key, n in reasons(s["counts"]).items():
+            console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
+    console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items()), highlight=False)
+    console.print("[bold]outputs[/]")
+    for s in stages:
+        if s["stage"] != "export":
+            console.print(f"  {s['stage']:8} {s['name']:24} {s['output']}", highlight=False)
+    for s in stages:
+        if s["stage"] == "export":
+            console.print(f"  export   {s['name']:24} {s['output']}  (README.md, plots/, data/*.parquet)",
+                          highlight=False)
+    console.print(f"done in {result['seconds']:.1f}s; runs logged in {result['output']}/_runs.jsonl; "
+                  "load an export with datasets.load_dataset('parquet', data_files='EXPORT/data/*.parquet'); "
+                  "inspect a dataset with trajforge stats DIR", highlight=False)
