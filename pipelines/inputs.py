@@ -20,11 +20,13 @@ import hashlib
 import io
 import itertools
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
 
 import orjson
+import zstandard
 
 HF_PREFIX = "hf:"
 DEFAULT_CHUNK_SIZE = 5000
@@ -32,6 +34,8 @@ DEFAULT_HF_SPLIT = "train"
 _BLOCK = 1 << 24  # bytes read at a time when scanning JSONL for line offsets
 _COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL = (".jsonl", ".ndjson")
+# A corrupt .gz or .zst stream raises its decoder's own error, which is not an OSError.
+_DECODE_ERRORS = (zlib.error, zstandard.ZstdError)
 
 
 class InputError(Exception):
@@ -127,7 +131,7 @@ def plan_chunks(inputs: list[str], chunk_size: int = DEFAULT_CHUNK_SIZE) -> list
             chunks.extend(_plan_one(canonical, kind, input_index, chunk_size))
         except InputError:
             raise
-        except (OSError, EOFError, ValueError) as exc:
+        except (OSError, EOFError, ValueError, *_DECODE_ERRORS) as exc:
             raise InputError(f"{spec}: cannot read ({_describe(exc)})") from None
     return chunks
 
@@ -225,7 +229,7 @@ def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
                 yield f"{chunk.input}@{i}", row
     except InputError:
         raise
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, *_DECODE_ERRORS) as exc:
         raise InputError(f"{chunk.input}: cannot read ({_describe(exc)})") from None
 
 
