@@ -36,6 +36,7 @@ def export(
     from converters.export import export as run_export
     from converters.export.mix import MixError, parse_mix
     from converters.export.run import ExportError
+    from flows.cmd_store import SHARD_READ_ERRORS, unreadable
     from schemas.store import StoreError
 
     try:
@@ -54,6 +55,9 @@ def export(
         except (ExportError, StoreError) as exc:
             progress.stop()
             fail(str(exc))
+        except SHARD_READ_ERRORS as exc:
+            progress.stop()
+            fail(unreadable(dataset, exc))
     print_report(report)
 
 

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import duckdb
+import pyarrow as pa
 import typer
 from rich.table import Table
 
@@ -28,6 +30,16 @@ def schema(
     typer.echo(text, nl=False)
 
 
+# A shard that passes the footer check can still hold damaged pages; readers then raise their own errors.
+SHARD_READ_ERRORS = (duckdb.Error, pa.ArrowException, OSError, UnicodeDecodeError)
+
+
+def unreadable(path: Path, exc: Exception) -> str:
+    """One line naming the dataset and what its reader said."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{path}: a shard cannot be read ({type(exc).__name__}: {first})"
+
+
 def _open(path: Path) -> Dataset:
     try:
         return Dataset.open(path)
@@ -45,6 +57,8 @@ def validate(
         report = validate_dataset(ds, max_errors=max_errors)
     except StoreError as exc:
         fail(str(exc))
+    except SHARD_READ_ERRORS as exc:
+        fail(unreadable(path, exc))
     table = Table(title=f"validate {path}")
     for column in ("table", "records", "valid", "invalid"):
         table.add_column(column, justify="right" if column != "table" else "left")
@@ -69,6 +83,8 @@ def stats(
         result = dataset_stats(ds)
     except StoreError as exc:
         fail(str(exc))
+    except SHARD_READ_ERRORS as exc:
+        fail(unreadable(path, exc))
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return

@@ -67,6 +67,13 @@ def _new_manifest(config_hash: str | None, stage: str | None) -> dict[str, Any]:
     }
 
 
+def _unit_entry_ok(unit: Any) -> bool:
+    tables = unit.get("tables") if isinstance(unit, dict) else None
+    return (isinstance(tables, dict) and isinstance(unit.get("counts", {}), dict)
+            and all(isinstance(es, list) and all(isinstance(e, dict) and isinstance(e.get("file"), str) for e in es)
+                    for es in tables.values()))
+
+
 class Dataset:
     """A dataset directory. Open it with `Dataset.open` (reading) or `Dataset.create` (a stage's output)."""
 
@@ -154,6 +161,12 @@ class Dataset:
             )
         if not isinstance(manifest.get("units"), dict):
             raise StoreError(f"{self.manifest_path}: manifest has no units table")
+        for key in ("counts", "meta"):
+            if not isinstance(manifest.get(key, {}), dict):
+                raise StoreError(f"{self.manifest_path}: manifest field {key!r} is not an object")
+        for name, unit in manifest["units"].items():
+            if not _unit_entry_ok(unit):
+                raise StoreError(f"{self.manifest_path}: unit {name!r} is malformed (needs tables of shard entries)")
         return manifest
 
     def _write_manifest(self, manifest: dict[str, Any]) -> None:
