@@ -23,3 +23,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def adp_dir() -> Path:
     return ADP_DIR
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reliability-full", action="store_true", default=False,
+        help="run the full reliability suite (10 kill points per job, >= 10k fuzz cases) instead of its fast subset",
+    )
