@@ -13,6 +13,7 @@ from rich.table import Table
 
 from flows.console import console, fail
 from flows.progress import RichProgress
+from generators._episode import TaskFileError
 from generators.base import RunSummary
 from generators.registry import all_methods
 from generators.runner import generate as run_generation
@@ -30,9 +31,11 @@ def generate(
     data = {}
     if config is not None:
         try:
-            data = yaml.safe_load(config.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             fail(f"{config}: cannot read config ({exc})")
+        if not isinstance(data, dict):
+            fail(f"{config}: a config is a YAML mapping, not {type(data).__name__}")
     try:
         cfg = load_config(data, method)
     except KeyError as exc:
@@ -45,6 +48,9 @@ def generate(
             summary = asyncio.run(run_generation(cfg, output, overwrite=overwrite, progress=progress))
     except StoreError as exc:
         fail(str(exc))
+    except TaskFileError as exc:
+        # The tasks file's path came from the config: name both, the path may be the damage.
+        fail(f"{exc} (tasks_file of {config or 'the config'})")
     print_summary(summary)
 
 

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from converters.errors import summarize_validation
 from envs.base import Environment, Task
 from generators.agent import AgentPolicy
 from schemas.models import Step, TextObservation
@@ -115,22 +118,36 @@ async def close_env(env: Environment) -> None:
         env.close()
 
 
+class TaskFileError(ValueError):
+    """A tasks file that cannot be used; the message names the file (and line)."""
+
+
 def load_tasks_file(path: str | Path, default_env: str) -> list[Task]:
     """Tasks from a JSONL file: each line a Task (or at least `{"instruction": ...}`); ids default to the line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskFileError(f"{path}: cannot read tasks file ({exc})") from None
     tasks: list[Task] = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskFileError(f"{path}:{n}: not JSON ({exc})") from None
         if not isinstance(row, dict) or not isinstance(row.get("instruction"), str):
-            raise ValueError(f"{path}:{n}: a task needs an 'instruction' string")
+            raise TaskFileError(f"{path}:{n}: a task needs an 'instruction' string")
         row.setdefault("id", f"task-{n:04d}")
         row.setdefault("env", default_env)
-        tasks.append(Task.model_validate(row))
+        try:
+            tasks.append(Task.model_validate(row))
+        except ValidationError as exc:
+            raise TaskFileError(f"{path}:{n}: {summarize_validation(exc)}") from None
     ids = [t.id for t in tasks]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
-        raise ValueError(f"{path}: duplicate task ids: {', '.join(dup)}")
+        raise TaskFileError(f"{path}: duplicate task ids: {', '.join(dup)}")
     return tasks
 
 
