@@ -242,6 +242,10 @@ class Dataset:
                 if file.name.startswith(TEMP_PREFIX) or (file.suffix == ".parquet" and rel not in listed):
                     file.unlink()
                     removed.append(file)
+        # A writer killed while replacing the manifest leaves its temp copy beside it.
+        for file in self.path.glob(f"{TEMP_PREFIX}{MANIFEST}.*"):
+            file.unlink()
+            removed.append(file)
         return removed
 
     def _remove_all_shards(self) -> None:

@@ -131,9 +131,11 @@ def test_recover_removes_orphan_shards(tmp_path):
     orphan = ds.path / "trajectories" / "u9-00000.parquet"
     orphan.write_bytes((ds.shard_files()[0]).read_bytes())
     (ds.path / "trajectories" / ".tmp-u8-00000-abc.parquet").write_bytes(b"partial")
+    (ds.path / ".tmp-_manifest.json.0123abcd").write_bytes(b'{"half')  # killed mid manifest write
     assert ds.count() == 1  # orphans are never read
     removed = {p.name for p in ds.recover()}
-    assert removed == {"u9-00000.parquet", ".tmp-u8-00000-abc.parquet"}
+    assert removed == {"u9-00000.parquet", ".tmp-u8-00000-abc.parquet", ".tmp-_manifest.json.0123abcd"}
+    assert ds.count() == 1 and (ds.path / "_manifest.json").exists()
 
 
 def test_config_hash_mismatch_is_refused_unless_overwrite(tmp_path):
