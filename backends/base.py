@@ -197,9 +197,9 @@ class LLM(ABC):
             try:
                 sub = request if len(mine) == request.n else replace(request, n=len(mine))
                 completions = await self._call_with_retries(sub)
+                if self.cache is not None:  # committed before anyone sees the result
+                    await self.cache.commit(zip([keys[i] for i in mine], completions))
                 for i, fut, comp in zip(mine, futs, completions):
-                    if self.cache is not None:
-                        self.cache.put(keys[i], comp)  # committed before anyone sees the result
                     results[i] = comp
                     if not fut.done():
                         fut.set_result(comp)

@@ -98,6 +98,32 @@ def test_tool_calls_roundtrip(tmp_path):
     assert cache.get("missing") is None
 
 
+def test_commits_of_one_loop_turn_share_a_transaction(tmp_path):
+    transactions = []
+
+    class Counting(ResponseCache):
+        def _flush(self) -> None:
+            if self._pending:
+                transactions.append(len(self._pending))
+            super()._flush()
+
+    cache = Counting(tmp_path / "c.sqlite")
+
+    async def job() -> None:
+        await asyncio.gather(*(cache.commit([(f"k{i}", Completion(f"answer {i}"))]) for i in range(50)))
+        # A caller cancelled while its transaction is pending does not take the answer with it.
+        waiter = asyncio.ensure_future(cache.commit([("late", Completion("kept"))]))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.sleep(0)
+
+    asyncio.run(job())
+    assert transactions == [50, 1]
+    assert cache.get("k49").text == "answer 49" and cache.get("late").text == "kept"
+    cache.close()
+    assert len(ResponseCache(tmp_path / "c.sqlite")) == 51
+
+
 def test_wal_survives_sigkill(tmp_path):
     """A writer killed mid-stream leaves a consistent DB holding every committed entry."""
     db = tmp_path / "c.sqlite"
