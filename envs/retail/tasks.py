@@ -227,20 +227,23 @@ def goal_hash(world_seed: int, actions: list[dict[str, Any]], db: RetailDB | Non
 
 
 def generate_tasks(n: int, seed: int = 0, world_seed: int = 0, kinds: list[str] | None = None) -> list[Task]:
-    """`n` tasks over the world of `world_seed`, cycling through scenario kinds; deterministic in (seed, world_seed)."""
+    """`n` distinct tasks over the world of `world_seed`, cycling through scenario kinds; deterministic in
+    (seed, world_seed). Fewer when the world cannot offer `n` different ones."""
     rng = random.Random(f"retail-tasks-{world_seed}-{seed}")
     world = _World(generate_world(world_seed))
     kinds = kinds or list(SCENARIOS)
     db = RetailDB(initial_snapshot(world_seed))
     tasks: list[Task] = []
+    seen: set[str] = set()  # a repeated task would only repeat the same episode
     try:
         attempts = 0
         while len(tasks) < n and attempts < 10 * n + 10:
             kind = kinds[attempts % len(kinds)]
             attempts += 1
             draft = SCENARIOS[kind](rng, world)
-            if draft is None:
+            if draft is None or draft["instruction"] in seen:
                 continue
+            seen.add(draft["instruction"])
             i = len(tasks)
             tasks.append(Task(
                 id=f"retail-w{world_seed}-s{seed}-{i:04d}", env="retail", instruction=draft["instruction"],

@@ -306,6 +306,13 @@ def test_same_seed_same_world_and_tasks() -> None:
     assert len(e1.state()["users"]) == 20 and len(e1.state()["orders"]) == 40
 
 
+def test_generated_tasks_are_distinct() -> None:
+    # Seed 0 draws the same return task twice within its first 40 drafts; the repeat is skipped.
+    tasks = generate_tasks(40, seed=0)
+    assert len(tasks) == 40 and len({t.instruction for t in tasks}) == 40
+    assert [t.id for t in tasks] == [f"retail-w0-s0-{i:04d}" for i in range(40)]
+
+
 def test_task_world_seed_overrides_env_seed(tasks: list[Task]) -> None:
     env = RetailEnv(seed=5)
     task = _task(tasks, "cancel")  # made for world 0
