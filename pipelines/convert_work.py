@@ -89,7 +89,7 @@ def _convert(
     for location, raw in records:
         counts["in"] += 1
         if isinstance(raw, ParseFailure):
-            bad.append(_quarantine_row("parse", location, f"{location}: invalid JSON: {raw.error}", raw.text))
+            bad.append(_quarantine_row("parse", location, f"{location}: {raw.error}", raw.text))
             counts[quarantine_key("parse", raw.error_class)] += 1
             continue
         try:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 import orjson
+import pyarrow as pa
 import zstandard
 
 HF_PREFIX = "hf:"
@@ -34,8 +35,9 @@ DEFAULT_HF_SPLIT = "train"
 _BLOCK = 1 << 24  # bytes read at a time when scanning JSONL for line offsets
 _COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL = (".jsonl", ".ndjson")
-# A corrupt .gz or .zst stream raises its decoder's own error, which is not an OSError.
-_DECODE_ERRORS = (zlib.error, zstandard.ZstdError)
+# A corrupt .gz or .zst stream raises its decoder's own error, which is not an OSError; so do
+# damaged Parquet pages (ArrowInvalid) that only show when a row group is decoded.
+_DECODE_ERRORS = (zlib.error, zstandard.ZstdError, pa.ArrowException)
 
 
 class InputError(Exception):
@@ -44,7 +46,8 @@ class InputError(Exception):
 
 @dataclass(frozen=True)
 class ParseFailure:
-    """A JSONL line that is not a JSON value: its text (decoded with replacement) and why."""
+    """A record that cannot be read as a value (a JSONL line that is not JSON, a Parquet row with
+    invalid UTF-8): its text (decoded with replacement) and why."""
 
     text: str
     error: str
@@ -258,7 +261,7 @@ def _parse_failure(line: bytes, exc: Exception) -> ParseFailure:
     except UnicodeDecodeError:
         error_class = "UnicodeDecodeError"
     text = line.rstrip(b"\r\n").decode("utf-8", errors="replace")
-    return ParseFailure(text=text, error=str(exc), error_class=error_class)
+    return ParseFailure(text=text, error=f"invalid JSON: {exc}", error_class=error_class)
 
 
 def _open_compressed(path: str, kind: str) -> IO[bytes]:
@@ -302,8 +305,35 @@ def _read_parquet(chunk: Chunk) -> Iterator[tuple[str, Any]]:
     if not groups:
         return
     table = pf.read_row_groups(groups).slice(chunk.start - first, chunk.stop - chunk.start)
-    for i, record in enumerate(table.to_pylist(), chunk.start):
+    try:
+        rows: list[Any] = table.to_pylist()
+    except UnicodeDecodeError:
+        # Arrow does not check UTF-8 when it reads: find the bad rows and let them be quarantined.
+        rows = [_parquet_row(table.slice(i, 1)) for i in range(table.num_rows)]
+    for i, record in enumerate(rows, chunk.start):
         yield f"{chunk.input}@{i}", record
+
+
+def _lenient_value(column: Any) -> Any:
+    """A one-row column's value, with invalid UTF-8 replaced (kept for the quarantine record)."""
+    try:
+        return column.to_pylist()[0]
+    except UnicodeDecodeError:
+        pass
+    try:
+        raw = column.cast(pa.binary()).to_pylist()[0]
+    except (pa.ArrowException, UnicodeDecodeError):
+        return "<not decodable>"  # a nested column holding the bad text
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def _parquet_row(row: Any) -> Any:
+    try:
+        return row.to_pylist()[0]
+    except UnicodeDecodeError as exc:
+        text = repr({name: _lenient_value(column) for name, column in zip(row.column_names, row.columns)})
+        return ParseFailure(text=text, error=f"invalid UTF-8 in a string column ({exc.reason})",
+                            error_class="UnicodeDecodeError")
 
 
 @functools.lru_cache(maxsize=4)

@@ -102,3 +102,19 @@ def test_hub_dataset_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(InputError, match="hf:nobody/no-such-dataset-xyz: cannot load from the Hugging Face hub"):
         plan_chunks(["hf:nobody/no-such-dataset-xyz"], 10)
+
+
+def test_parquet_row_with_invalid_utf8_is_a_parse_failure_and_the_rest_reads(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Arrow does not check UTF-8 when it writes or reads: a foreign writer can leave bad bytes.
+    ids = pa.array([b"a", b"b\xff\xfe", b"c"], pa.binary()).view(pa.string())
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": ids, "n": [1, 2, 3]}), path)
+    got = _read_all([str(path)], 1000)
+    assert [loc for loc, _ in got] == [f"{path}@0", f"{path}@1", f"{path}@2"]
+    assert got[0][1] == {"id": "a", "n": 1} and got[2][1] == {"id": "c", "n": 3}
+    bad = got[1][1]
+    assert isinstance(bad, ParseFailure) and "invalid UTF-8" in bad.error
+    assert "'n': 2" in bad.text and "b\ufffd" in bad.text  # the row is kept, bad bytes replaced

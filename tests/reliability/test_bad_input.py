@@ -80,7 +80,7 @@ def _record(draw: Any, name: str) -> tuple[Any, bool]:
     kind = draw(st.sampled_from(["sample", "splice", "splice", "garbage", "unparsable"]))
     if kind == "unparsable":
         text = draw(st.text(max_size=30))
-        return ParseFailure(text=text, error="unexpected character", error_class="JSONDecodeError"), False
+        return ParseFailure(text=text, error="invalid JSON: unexpected character", error_class="JSONDecodeError"), False
     if kind == "garbage":
         return draw(json_values), True
     base = draw(st.sampled_from(_seed_records(name)))
