@@ -159,40 +159,37 @@ def test_keep_alive_connection_dropped_while_idle_is_replaced():
     assert len(requests) == 2 and len(set(connections)) == 2
 
 
+def post_expecting(handler: Handler, error: type[Exception], match: str | None = None) -> list[bytes]:
+    """POST once to a server answering with `handler`; the post must raise `error`. Returns the requests."""
+
+    async def go() -> list[bytes]:
+        server, requests, _ = await serve(handler)
+        client = HTTPClient(url_of(server), {})
+        try:
+            with pytest.raises(error, match=match):
+                await client.post(b"{}")
+        finally:
+            await client.close()
+            server.close()
+        return requests
+
+    return run(go())
+
+
 def test_connection_cut_mid_answer_is_a_connection_error():
     async def handler(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"choices\"")
         await writer.drain()
         writer.transport.abort()
 
-    async def go():
-        server, _, _ = await serve(handler)
-        client = HTTPClient(url_of(server), {})
-        try:
-            with pytest.raises(ConnectionError, match="before the answer was complete"):
-                await client.post(b"{}")
-        finally:
-            await client.close()
-            server.close()
-
-    run(go())
+    post_expecting(handler, ConnectionError, "before the answer was complete")
 
 
 def test_garbage_status_line_is_a_connection_error():
     async def handler(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
 
-    async def go():
-        server, _, _ = await serve(handler)
-        client = HTTPClient(url_of(server), {})
-        try:
-            with pytest.raises(ConnectionError, match="invalid HTTP response"):
-                await client.post(b"{}")
-        finally:
-            await client.close()
-            server.close()
-
-    run(go())
+    post_expecting(handler, ConnectionError, "invalid HTTP response")
 
 
 @pytest.mark.parametrize("answer", [
@@ -203,18 +200,7 @@ def test_redirects_and_encodings_are_unsupported(answer):
     async def handler(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(answer)
 
-    async def go():
-        server, requests, _ = await serve(handler)
-        client = HTTPClient(url_of(server), {})
-        try:
-            with pytest.raises(Unsupported):
-                await client.post(b"{}")
-        finally:
-            await client.close()
-            server.close()
-        return requests
-
-    requests = run(go())
+    requests = post_expecting(handler, Unsupported)
     assert b"Accept-Encoding: identity" in requests[0]
 
 
