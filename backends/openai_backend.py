@@ -56,6 +56,14 @@ def parse_response(body: dict[str, Any]) -> list[Completion]:
     return out
 
 
+def parse_body(body: bytes) -> list[Completion]:
+    """A chat-completions response body -> Completions; anything unreadable is a retryable `malformed`."""
+    try:
+        return parse_response(orjson.loads(body))
+    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise BackendError("malformed", f"unparseable response body ({type(exc).__name__})") from None
+
+
 class OpenAILLM(LLM):
     backend_name = "openai"
 
@@ -98,10 +106,7 @@ class OpenAILLM(LLM):
                 status=resp.status,
                 retry_after=parse_retry_after(resp.headers.get("retry-after")),
             )
-        try:
-            return parse_response(orjson.loads(resp.body))
-        except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise BackendError("malformed", f"unparseable response body ({type(exc).__name__})") from None
+        return parse_body(resp.body)
 
     # ---- openai SDK transport -----------------------------------------------------------------
 
@@ -139,10 +144,7 @@ class OpenAILLM(LLM):
             raise BackendError("connection", self.redact(f"connection error: {exc}")) from None
         # Parse the raw body ourselves: same code path as the lean transport, and malformed
         # bodies surface as retryable errors instead of SDK validation exceptions.
-        try:
-            return parse_response(orjson.loads(raw.content))
-        except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise BackendError("malformed", f"unparseable response body ({type(exc).__name__})") from None
+        return parse_body(raw.content)
 
     async def _close(self) -> None:
         if self._http is not None:
