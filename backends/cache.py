@@ -89,10 +89,6 @@ class ResponseCache:
             return None
         return Completion.from_dict(orjson.loads(row[0]), cached=True)
 
-    def put(self, key: str, completion: Completion) -> None:
-        """Store one answer now, in its own transaction."""
-        self._db.execute(_INSERT, _row(key, completion))
-
     async def commit(self, items: Iterable[tuple[str, Completion]]) -> None:
         """Store answers; returns once they are committed, together with others of this loop turn."""
         self._pending.extend(_row(key, completion) for key, completion in items)

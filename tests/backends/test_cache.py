@@ -92,7 +92,7 @@ def test_failures_are_not_cached(fake_server, client, tmp_path):
 def test_tool_calls_roundtrip(tmp_path):
     cache = ResponseCache(tmp_path / "c.sqlite")
     comp = Completion("", [ToolCall("call_1", "f", '{"a":1}')], "tool_calls", Usage(3, 4))
-    cache.put("k", comp)
+    asyncio.run(cache.commit([("k", comp)]))
     got = cache.get("k")
     assert got is not None and got.tool_calls == comp.tool_calls and got.usage == comp.usage and got.cached
     assert cache.get("missing") is None
@@ -129,16 +129,20 @@ def test_wal_survives_sigkill(tmp_path):
     db = tmp_path / "c.sqlite"
     script = textwrap.dedent(
         f"""
-        import os, signal, sys
+        import asyncio, os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
         from backends.cache import ResponseCache
         from backends.types import Completion
         c = ResponseCache({str(db)!r})
-        for i in range(500):
-            c.put(f"k{{i}}", Completion(f"answer {{i}}"))
-            if i == 299:
-                print("committed", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+
+        async def main():
+            for i in range(500):
+                await c.commit([(f"k{{i}}", Completion(f"answer {{i}}"))])
+                if i == 299:
+                    print("committed", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        asyncio.run(main())
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
