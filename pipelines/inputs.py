@@ -46,7 +46,7 @@ class InputError(Exception):
 
 @dataclass(frozen=True)
 class ParseFailure:
-    """A record that cannot be read as a value (a JSONL line that is not JSON, a Parquet row with
+    """A record that cannot be read as a value (a JSONL line that is not JSON, an Arrow row with
     invalid UTF-8): its text (decoded with replacement) and why."""
 
     text: str
@@ -228,7 +228,7 @@ def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
             yield from _read_parquet(chunk)
         else:
             table = _load_hf(chunk.input, kind).with_format("arrow")[chunk.start : chunk.stop]
-            for i, row in enumerate(table.to_pylist(), chunk.start):
+            for i, row in enumerate(_arrow_rows(table), chunk.start):
                 yield f"{chunk.input}@{i}", row
     except InputError:
         raise
@@ -305,13 +305,17 @@ def _read_parquet(chunk: Chunk) -> Iterator[tuple[str, Any]]:
     if not groups:
         return
     table = pf.read_row_groups(groups).slice(chunk.start - first, chunk.stop - chunk.start)
-    try:
-        rows: list[Any] = table.to_pylist()
-    except UnicodeDecodeError:
-        # Arrow does not check UTF-8 when it reads: find the bad rows and let them be quarantined.
-        rows = [_parquet_row(table.slice(i, 1)) for i in range(table.num_rows)]
-    for i, record in enumerate(rows, chunk.start):
+    for i, record in enumerate(_arrow_rows(table), chunk.start):
         yield f"{chunk.input}@{i}", record
+
+
+def _arrow_rows(table: Any) -> list[Any]:
+    """A table's rows as dicts; a row with invalid UTF-8 becomes a ParseFailure (Arrow does not
+    check UTF-8 when it reads), so it is quarantined and the others still convert."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        return [_arrow_row(table.slice(i, 1)) for i in range(table.num_rows)]
 
 
 def _lenient_value(column: Any) -> Any:
@@ -327,7 +331,7 @@ def _lenient_value(column: Any) -> Any:
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
-def _parquet_row(row: Any) -> Any:
+def _arrow_row(row: Any) -> Any:
     try:
         return row.to_pylist()[0]
     except UnicodeDecodeError as exc:
