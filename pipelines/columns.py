@@ -1,9 +1,10 @@
-"""Trajectories -> one Arrow batch of the trajectory table, built column by column.
+"""Trajectories -> one Arrow batch of the trajectory table, converted in one call.
 
 The result is equal to `pa.RecordBatch.from_pylist([trajectory_to_row(t) ...], TRAJECTORY_SCHEMA)` (a test
-holds them together) at a fraction of the cost: a step becomes one tuple in schema field
-order instead of a dict that Arrow then looks up field by field, and each leaf column is
-converted by one `pa.array` call.
+holds them together) at a fraction of the cost: a trajectory becomes one nested tuple in
+schema field order (its steps, tools and provenance tuples too) instead of dicts that Arrow
+looks up field by field, and the whole batch is converted by a single `pa.array` call into
+the table's struct type.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from schemas import jsonutil
-from schemas.arrow import PROVENANCE_TYPE, STEP_TYPE, TOOL_TYPE, TRAJECTORY_SCHEMA
+from schemas.arrow import TRAJECTORY_SCHEMA
 from schemas.models import ImageRef, Trajectory
 
 _dumps = jsonutil.dumps
-_STEP_FIELDS = list(STEP_TYPE)
-_TOOL_FIELDS = list(TOOL_TYPE)
-_PROVENANCE_FIELDS = list(PROVENANCE_TYPE)
+_ROW_TYPE = pa.struct(list(TRAJECTORY_SCHEMA))
 
 
 def _json_or_none(value: Any) -> str | None:
@@ -59,16 +58,6 @@ def _step(s: Any) -> tuple[Any, ...]:
             url, html, axtree, image, viewport, s.reward, s.label, s.train, _json_or_none(s.extra))
 
 
-def _struct(columns: Sequence[Sequence[Any]], fields: list[pa.Field]) -> pa.StructArray:
-    arrays = [pa.array(values, type=f.type) for values, f in zip(columns, fields)]
-    return pa.StructArray.from_arrays(arrays, fields=fields)
-
-
-def _lists(items: list[tuple[Any, ...]], offsets: list[int], fields: list[pa.Field], item: pa.DataType) -> pa.Array:
-    columns = list(zip(*items)) if items else [()] * len(fields)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), _struct(columns, fields), type=pa.list_(item))
-
-
 class BatchBuilder:
     """Collects trajectories as plain tuples (so the models can be freed at once) and builds
     the batch at the end.
@@ -79,12 +68,7 @@ class BatchBuilder:
     """
 
     def __init__(self) -> None:
-        self.top: list[tuple[Any, ...]] = []
-        self.steps: list[tuple[Any, ...]] = []
-        self.step_offsets = [0]
-        self.tools: list[tuple[Any, ...]] = []
-        self.tool_offsets = [0]
-        self.provenance: list[tuple[Any, ...]] = []
+        self.rows: list[tuple[Any, ...]] = []
 
     def add(self, t: Trajectory) -> None:
         # Everything that can fail is computed before anything is appended.
@@ -93,29 +77,12 @@ class BatchBuilder:
                  for tool in t.tools]
         details = _json_or_none(t.details)
         p = t.provenance
-        self.provenance.append((p.method, p.source_dataset, p.source_id, p.source_format, p.model,
-                                p.prompt_template_hash, p.seed, p.task_id, list(p.parent_ids), p.trajforge_version,
-                                p.created_at))
-        self.top.append((t.id, t.source, t.reward, t.success, details))
-        self.steps.extend(steps)
-        self.step_offsets.append(len(self.steps))
-        self.tools.extend(tools)
-        self.tool_offsets.append(len(self.tools))
+        provenance = (p.method, p.source_dataset, p.source_id, p.source_format, p.model, p.prompt_template_hash,
+                      p.seed, p.task_id, list(p.parent_ids), p.trajforge_version, p.created_at)
+        self.rows.append((t.id, t.source, steps, tools, t.reward, t.success, provenance, details))
 
     def finish(self) -> pa.RecordBatch:
-        ids, sources, rewards, successes, details = zip(*self.top) if self.top else [()] * 5
-        provenance = list(zip(*self.provenance)) if self.provenance else [()] * len(_PROVENANCE_FIELDS)
-        columns = [
-            pa.array(ids, pa.string()),
-            pa.array(sources, pa.string()),
-            _lists(self.steps, self.step_offsets, _STEP_FIELDS, STEP_TYPE),
-            _lists(self.tools, self.tool_offsets, _TOOL_FIELDS, TOOL_TYPE),
-            pa.array(rewards, pa.float64()),
-            pa.array(successes, pa.bool_()),
-            _struct(provenance, _PROVENANCE_FIELDS),
-            pa.array(details, pa.string()),
-        ]
-        return pa.RecordBatch.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
+        return pa.RecordBatch.from_struct_array(pa.array(self.rows, type=_ROW_TYPE))
 
 
 def trajectories_to_batch(trajs: Sequence[Trajectory]) -> pa.RecordBatch:
