@@ -237,17 +237,17 @@ def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
 
 
 def _read_jsonl_range(chunk: Chunk) -> Iterator[tuple[str, Any]]:
+    # Line by line from the buffered file: one copy of each line, not the chunk read whole and split.
     with open(chunk.input, "rb") as fh:
         fh.seek(chunk.byte_start)
-        data = fh.read(chunk.byte_stop - chunk.byte_start)
-    yield from _parse_lines(chunk.input, chunk.start, data.split(b"\n"))
+        yield from _parse_lines(chunk.input, chunk.start, itertools.islice(fh, chunk.stop - chunk.start))
 
 
 def _parse_lines(path: str, first: int, lines: Any) -> Iterator[tuple[str, Any]]:
     loads = orjson.loads
     for number, line in enumerate(lines, first + 1):
-        if not line.strip():
-            continue  # blank lines (and the split after a final newline) are not records
+        if not line or line.isspace():
+            continue  # blank lines are not records (`isspace` stops at the first other byte; strip would copy)
         try:
             yield f"{path}:{number}", loads(line)
         except orjson.JSONDecodeError as exc:
