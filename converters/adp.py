@@ -76,12 +76,6 @@ def step_from_adp(obj: dict[str, Any]) -> dict[str, Any]:
     kind = _KIND_OF_CLASS[cls]
     get = obj.get
     step: dict[str, Any] = {"kind": kind}
-    optional = [k for k in _OPTIONAL_KEYS if get(k) is not None]
-    if optional:
-        if get("tool_call_id") is not None:
-            step["tool_call_id"] = obj["tool_call_id"]
-        if get("reward") is not None:
-            step["reward"] = obj["reward"]
     if kind == "api":
         step["thought"] = get("description")
         step["reasoning"] = get("reasoning_content")
@@ -111,6 +105,13 @@ def step_from_adp(obj: dict[str, Any]) -> dict[str, Any]:
         step["screenshot"] = _image_from_adp(screenshot) if screenshot else None
         viewport = get("viewport_size")
         step["viewport"] = tuple(viewport) if viewport is not None else None
+    if obj.keys() == _BASE_SETS[cls]:
+        return step  # the common case: exactly the class's keys, nothing optional or extra
+    optional = [k for k in _OPTIONAL_KEYS if get(k) is not None]
+    if get("tool_call_id") is not None:
+        step["tool_call_id"] = obj["tool_call_id"]
+    if get("reward") is not None:
+        step["reward"] = obj["reward"]
     consumed = _CONSUMED[cls]
     extra = {k: v for k, v in obj.items() if k not in consumed}
     # The exact key set is kept when it differs from what `step_to_adp` would write.
