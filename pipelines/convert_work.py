@@ -19,6 +19,7 @@ order (input, chunk, position).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -139,24 +140,33 @@ def _to_batch(
     return pa.RecordBatch.from_pylist(keep_rows, schema=TRAJECTORY_SCHEMA), keep_ids
 
 
-def convert_to_batch(
-    chunk: Chunk, fn: Callable[[Any], Trajectory]
-) -> tuple[pa.RecordBatch, list[str], list[dict[str, Any]], Counter[str]]:
-    """A chunk -> (trajectory batch, its ids, quarantine rows, counts): the same result as
-    `convert_records` + `_to_batch`, built column by column.
+def convert_to_batches(
+    chunk: Chunk, fn: Callable[[Any], Trajectory], batch_rows: int
+) -> Iterator[tuple[pa.RecordBatch, list[str], list[dict[str, Any]], Counter[str]]]:
+    """A chunk -> (trajectory batch, its ids, quarantine rows, counts) for each run of
+    `batch_rows` records: the same result as `convert_records` + `_to_batch` over the run,
+    built column by column.
 
-    Each trajectory becomes plain tuples at once: holding thousands of models would make the
-    cyclic garbage collector rescan them over and over. A chunk with a value Arrow rejects
-    (rare) is converted again by rows, which finds and quarantines the culprits one by one.
+    Records stream through: each trajectory becomes plain tuples at once (holding thousands of
+    models would make the cyclic garbage collector rescan them over and over), and only one
+    run's batch is in memory. A run with a value Arrow rejects (rare) is read and converted
+    again by rows, which finds and quarantines the culprits one by one.
     """
-    builder = BatchBuilder()
-    ids, bad, counts = _convert(read_chunk(chunk), fn, builder.add)
-    try:
-        return builder.finish(), ids, bad, counts
-    except _ARROW_ERRORS:
-        rows, ids, bad, counts = convert_records(read_chunk(chunk), fn)
-        batch, ids = _to_batch(rows, ids, bad, counts)
-        return batch, ids, bad, counts
+    records = read_chunk(chunk)
+    done = 0
+    while True:
+        builder = BatchBuilder()
+        ids, bad, counts = _convert(itertools.islice(records, batch_rows), fn, builder.add)
+        if not counts["in"]:
+            return
+        try:
+            batch = builder.finish()
+        except _ARROW_ERRORS:
+            again = itertools.islice(read_chunk(chunk), done, done + counts["in"])
+            rows, ids, bad, counts = convert_records(again, fn)
+            batch, ids = _to_batch(rows, ids, bad, counts)
+        done += counts["in"]
+        yield batch, ids, bad, counts
 
 
 def convert_chunk(
@@ -164,12 +174,19 @@ def convert_chunk(
 ) -> ChunkResult:
     """Step 1: convert one chunk and write its shards into `spill_dir`, uncommitted; returns
     its ids, counts and staged shards."""
-    batch, ids, bad, counts = convert_to_batch(chunk, fn)
-    counts["converted"] = len(ids)
-    counts["quarantined"] = len(bad)
+    ids: list[str] = []
+    bad: list[dict[str, Any]] = []
+    counts: Counter[str] = Counter()
     writer = dataset.unit(chunk.unit, max_rows=max_rows, max_bytes=max_bytes, staging=spill_dir)
     try:
-        writer.write_batch("trajectories", batch)
+        # One run per row group: the shards come out as if the chunk were written in one batch.
+        for batch, run_ids, run_bad, run_counts in convert_to_batches(chunk, fn, writer.row_group_rows):
+            writer.write_batch("trajectories", batch)
+            ids += run_ids
+            bad += run_bad
+            counts.update(run_counts)
+        counts["converted"] = len(ids)
+        counts["quarantined"] = len(bad)
         writer.write_batch("quarantine", pa.RecordBatch.from_pylist(bad, schema=QUARANTINE_SCHEMA))
         staged = writer.stage()
     except BaseException:
