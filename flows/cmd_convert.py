@@ -35,10 +35,15 @@ def convert(
     chunk_size: Annotated[int, typer.Option(help="Records per unit of work.", min=1)] = DEFAULT_CHUNK_SIZE,
     shard_rows: Annotated[int, typer.Option(help="Maximum rows per Parquet shard.", min=1)] = DEFAULT_MAX_ROWS,
     overwrite: Annotated[bool, typer.Option(help="Start the output afresh instead of resuming it.")] = False,
+    workers: Annotated[
+        int,
+        typer.Option(help="Worker processes of the local runner; 0: one per CPU core for inputs of "
+                     "40,000+ records, else in-process.", min=0),
+    ] = 0,
 ) -> None:
     """Convert public dataset records to the interlingua with a Beam pipeline (resumable).
 
-    Unknown options (e.g. --direct_num_workers=2, --project=...) are passed to Beam.
+    Unknown options (e.g. --project=...) are passed to Beam.
     """
     from pipelines.convert import ConvertError, run_convert  # Beam import is slow; only here
 
@@ -59,7 +64,7 @@ def convert(
     try:
         summary = run_convert(
             source, inputs, str(output), runner=runner, beam_args=list(ctx.args), chunk_size=chunk_size,
-            max_rows=shard_rows, overwrite=overwrite, on_progress=on_progress,
+            max_rows=shard_rows, overwrite=overwrite, on_progress=on_progress, workers=workers,
         )
     except (ConvertError, InputError, StoreError) as exc:
         fail(str(exc))
@@ -79,6 +84,8 @@ def print_summary(summary: object) -> None:
     table.add_column("count", justify="right")
     table.add_row("inputs", str(len(summary.inputs)))
     table.add_row("chunks", f"{summary.chunks} ({summary.chunks_done} done, {summary.chunks_skipped} skipped)")
+    if summary.workers > 1:
+        table.add_row("worker processes", str(summary.workers))
     table.add_row("records in", str(c["in"]))
     table.add_row("out", str(c["out"]))
     table.add_row("quarantined", str(c["quarantined"]))

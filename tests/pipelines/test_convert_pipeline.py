@@ -135,3 +135,26 @@ def test_killed_run_resumes_with_nothing_lost_and_nothing_twice(tmp_path, adp_re
     got, n = _records(output)
     assert n == len(expected) and got == expected
     assert not _leftovers(output) and not list(output.glob(".tmp-*"))
+
+
+def test_worker_processes_give_the_same_dataset_as_in_process(tmp_path, adp_files, adp_records):
+    inputs = [str(f) for f in adp_files]
+    one = run_convert("adp", inputs, str(tmp_path / "one"), chunk_size=5, workers=1)
+    two = run_convert("adp", inputs, str(tmp_path / "two"), chunk_size=5, workers=2)
+    assert (one.workers, two.workers) == (1, 2)
+    assert two.counts == one.counts and two.counts["out"] == len(direct(adp_records))
+    assert _records(tmp_path / "two") == _records(tmp_path / "one")
+    assert not _leftovers(tmp_path / "two")
+
+
+def test_local_workers_start_only_where_they_pay_off():
+    from pipelines.convert import AUTO_WORKERS_MIN_RECORDS as big, DEFAULT_RUNNER as local, local_workers
+
+    assert local_workers(0, local, [], big, cpus=4) == 4
+    assert local_workers(0, local, [], big - 1, cpus=4) == 1  # small input: start-up would cost more
+    assert local_workers(0, local, [], big, cpus=1) == 1
+    assert local_workers(3, local, [], 10, cpus=1) == 3  # asked for explicitly
+    assert local_workers(0, "FnApiRunner", [], big, cpus=2) == 2
+    # Another runner, or Beam options that already choose, are left alone.
+    assert local_workers(0, "DataflowRunner", [], big, cpus=4) == 1
+    assert local_workers(0, local, ["--direct_num_workers=3"], big, cpus=4) == 1
