@@ -97,7 +97,7 @@ _KILLABLE = textwrap.dedent(
         time.sleep(0.3)  # widen the window between unit commits so the test can kill mid-way
     Dataset.commit_staged = slow_commit
     from pipelines.convert import run_convert
-    run_convert("adp", [sys.argv[1]], sys.argv[2], chunk_size=int(sys.argv[3]))
+    run_convert("adp", [sys.argv[1]], sys.argv[2], chunk_size=int(sys.argv[3]), workers=int(sys.argv[4]))
     """
 )
 
@@ -107,7 +107,7 @@ def test_killed_run_resumes_with_nothing_lost_and_nothing_twice(tmp_path, adp_re
     source = write_jsonl(tmp_path / "in.jsonl", records)
     output = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(source), str(output), "10"], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(source), str(output), "10", "1"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     finished = 0
     deadline = time.monotonic() + 60
@@ -158,3 +158,37 @@ def test_local_workers_start_only_where_they_pay_off():
     # Another runner, or Beam options that already choose, are left alone.
     assert local_workers(0, "DataflowRunner", [], big, cpus=4) == 1
     assert local_workers(0, local, ["--direct_num_workers=3"], big, cpus=4) == 1
+
+
+def test_killed_run_with_worker_processes_leaves_no_worker_behind_and_resumes(tmp_path, adp_records):
+    import psutil
+
+    records = adp_records * 60
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    output = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(source), str(output), "50", "2"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers: list[psutil.Process] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(output.glob(".tmp-convert-*/spill/*.parquet")):  # the workers are converting
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert len(workers) >= 2
+    # Each worker notices its runner is gone and exits.
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    assert not Dataset(output).complete
+
+    summary = run_convert("adp", [str(source)], str(output), chunk_size=50)
+    c = summary.counts
+    expected = direct(records)
+    assert (c["in"], c["out"], c["quarantined"]) == (len(records), len(expected), 0)
+    got, n = _records(output)
+    assert n == len(expected) and got == expected
+    assert not _leftovers(output) and not list(output.glob(".tmp-*"))
