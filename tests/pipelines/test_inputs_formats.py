@@ -60,6 +60,27 @@ def test_chunks_are_stable_and_cover_every_line(tmp_path):
     assert [raw for c in plan_chunks([str(no_newline)], 1) for _, raw in read_chunk(c)] == [{"i": 0}, {"i": 1}]
 
 
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 24])
+def test_chunk_offsets_and_line_numbers_do_not_depend_on_the_read_block(tmp_path, monkeypatch, block):
+    """Line boundaries are found across read blocks: every record, blank lines skipped, right line numbers."""
+    import pipelines.inputs as inputs
+
+    monkeypatch.setattr(inputs, "_BLOCK", block)
+    lines = [b'{"i": %d}' % i if i % 4 else b"  " for i in range(1, 30)]
+    for name, data in {"trailing": b"\n".join(lines) + b"\n", "no-trailing": b"\n".join(lines),
+                       "one": b'{"i": 1}', "empty": b""}.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(data)
+        expected = [(f"{path}:{n}", orjson.loads(line)) for n, line in enumerate(data.split(b"\n"), 1)
+                    if line.strip()]
+        n_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+        for chunk_size in (1, 3, 29, 100):
+            assert _read_all([str(path)], chunk_size) == expected, (name, chunk_size)
+            chunks = plan_chunks([str(path)], chunk_size)
+            assert sum(c.stop - c.start for c in chunks) == n_lines, (name, chunk_size)
+            assert len(chunks) == -(-n_lines // chunk_size), (name, chunk_size)
+
+
 def test_json_object_and_id_map(tmp_path):
     single = tmp_path / "one.json"
     single.write_bytes(orjson.dumps({"id": "a", "content": []}))
