@@ -235,10 +235,14 @@ def local_workers(
     """Worker processes for the local runner: `requested` if > 0; 0 means one per CPU core when
     there are enough records to pay for starting them, else 1 (in-process).
 
-    Other runners, and Beam options that already say how to run locally, are left alone (1).
+    Other runners, and Beam options that already say how to run locally, are left alone (1);
+    asking for workers there as well is a ConvertError.
     """
-    if runner not in _LOCAL_RUNNERS or any(a.startswith(("--direct_num_workers", "--direct_running_mode"))
-                                           for a in beam_args):
+    beam_chooses = any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in beam_args)
+    if runner not in _LOCAL_RUNNERS or beam_chooses:
+        if requested > 0:
+            where = "Beam's --direct_num_workers is also given" if beam_chooses else f"the runner is {runner}"
+            raise ConvertError(f"--workers is for the local FnApiRunner, but {where}; use one or the other")
         return 1
     if requested > 0:
         return requested
@@ -278,6 +282,7 @@ def run_convert(
         raise ConvertError(str(exc.args[0])) from None
     if not inputs:
         raise ConvertError("no inputs given")
+    local_workers(workers, runner, beam_args, 0)  # a conflicting request fails before the output is touched
     chunks = plan_chunks(list(inputs), chunk_size)
     converter = f"{info.fn.__module__}.{info.fn.__qualname__}"
     ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),

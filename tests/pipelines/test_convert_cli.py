@@ -75,6 +75,18 @@ def test_missing_input_is_one_error_line_without_traceback(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:") and "nope.jsonl" in lines[0], result.stderr
 
 
+def test_workers_with_another_runner_is_an_error_before_the_output_is_made(tmp_path, adp_files):
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app, ["convert", "--source", "adp", "-i", str(adp_files[0]), "-o", str(out), "--workers", "2",
+              "--runner", "DataflowRunner"],
+        env={"COLUMNS": "1000"},
+    )
+    assert result.exit_code == 1
+    assert "--workers is for the local FnApiRunner, but the runner is DataflowRunner" in result.output
+    assert not out.exists()
+
+
 def test_unknown_source_lists_the_known_ones(tmp_path, adp_files):
     result = runner.invoke(
         app, ["convert", "--source", "no-such", "-i", str(adp_files[0]), "-o", str(tmp_path / "o")],

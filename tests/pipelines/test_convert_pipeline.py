@@ -12,8 +12,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 
-from pipelines.convert import run_convert
+from pipelines.convert import ConvertError, run_convert
 from pipelines.inputs import plan_chunks
 from schemas.store import MANIFEST, Dataset
 from tests.pipelines._data import direct, uniform, write_jsonl, write_parquet
@@ -155,9 +156,13 @@ def test_local_workers_start_only_where_they_pay_off():
     assert local_workers(0, local, [], big, cpus=1) == 1
     assert local_workers(3, local, [], 10, cpus=1) == 3  # asked for explicitly
     assert local_workers(0, "FnApiRunner", [], big, cpus=2) == 2
-    # Another runner, or Beam options that already choose, are left alone.
+    # Another runner, or Beam options that already choose, are left alone; asking there too is an error.
     assert local_workers(0, "DataflowRunner", [], big, cpus=4) == 1
     assert local_workers(0, local, ["--direct_num_workers=3"], big, cpus=4) == 1
+    with pytest.raises(ConvertError, match="runner is DataflowRunner"):
+        local_workers(2, "DataflowRunner", [], big)
+    with pytest.raises(ConvertError, match="--direct_num_workers is also given"):
+        local_workers(2, local, ["--direct_num_workers=3"], big)
 
 
 def test_killed_run_with_worker_processes_leaves_no_worker_behind_and_resumes(tmp_path, adp_records):
