@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         path_out = write_results(
             "convert", rows, records=n, input_mib=round(size / 2**20, 1), source=args.source,
             chunk_size=args.chunk_size, reference={"name": REFERENCE, "records_per_s": round(parse_rate)},
-            ratio=round(ratio, 3), cpu_ratio=round(cpu_ratio, 3), target=TARGET,
+            per_core_ratio=round(ratio, 3), per_core_cpu_ratio=round(cpu_ratio, 3), target=TARGET,
             conversion_path={"seconds": round(t_path, 2), "cpu_seconds": round(cpu_path, 2), "phases_s": phases,
                              "per_record_us": steps},
             beam_pipeline=beam, peak_rss_mib={"driver": round(peak_rss_mb(), 1)},
