@@ -19,20 +19,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envs.base import Environment, Task
+from envs.base import ACTION_KINDS, Environment, Task, is_revision
 from schemas.models import ApiAction, Step, Trajectory
-
-ACTION_KINDS = ("api", "code", "message")
 
 
 @dataclass(frozen=True)
 class RuleLabel:
     label: Literal["good", "bad"]
     reason: str
-
-
-def is_revision(step: Step) -> bool:
-    return step.extra.get("kind") == "revision"
 
 
 def task_of(traj: Trajectory) -> Task | None:
@@ -77,22 +71,22 @@ def _distance(state: dict[str, set[str]], goal: dict[str, set[str]]) -> int:
     return sum(len(state[t] ^ goal[t]) for t in goal)
 
 
-def goal_state(env: Environment, task: Task) -> dict[str, set[str]]:
+async def goal_state(env: Environment, task: Task) -> dict[str, set[str]]:
     """The retail state after the task's reference actions."""
-    env.reset(task)
+    await env.reset(task)
     for a in task.goal.get("actions", []):
-        env.step(ApiAction(function=a["function"], arguments=a["arguments"]))
+        await env.step(ApiAction(function=a["function"], arguments=a["arguments"]))
     return _rows(env)
 
 
-def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
+async def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
     """Replay in a fresh retail world: errors and moves away from the goal state are bad."""
     from envs.registry import make_env
 
     out: dict[int, RuleLabel] = {}
-    with make_env("retail", **env_config_of(traj)) as env:
-        goal = goal_state(env, task)
-        env.reset(task)
+    async with make_env("retail", **env_config_of(traj)) as env:
+        goal = await goal_state(env, task)
+        await env.reset(task)
         before_masked = None
         for i, step in enumerate(traj.steps):
             if step.kind not in ACTION_KINDS or is_revision(step):
@@ -102,11 +96,11 @@ def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
             elif step.train and before_masked is not None:
                 env.restore(before_masked)  # the trajectory continues from before the masked branch
                 before_masked = None
-            if env.done:  # type: ignore[attr-defined]
+            if env.done:
                 out[i] = RuleLabel("bad", "acted after the episode ended")
                 continue
             state = _rows(env)
-            result = env.step(step)  # type: ignore[arg-type]
+            result = await env.step(step)  # type: ignore[arg-type]
             err = result.info.get("error") if result.info else None
             if err:
                 out[i] = RuleLabel("bad", f"tool error: {err}")
@@ -128,11 +122,11 @@ def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
     return out
 
 
-def rule_labels(traj: Trajectory) -> dict[int, RuleLabel]:
+async def rule_labels(traj: Trajectory) -> dict[int, RuleLabel]:
     """The best rules available for the trajectory: retail state diffs when its task is known, else tool errors."""
     task = task_of(traj)
     if task is not None and task.env == "retail" and task.goal.get("actions"):
-        return retail_labels(traj, task)
+        return await retail_labels(traj, task)
     return tool_labels(traj)
 
 

@@ -146,6 +146,9 @@ class GenerationMethod(ABC):
     def prepare(self, output: Dataset) -> None:
         """Look at what earlier runs wrote to `output` before new tasks start (e.g. for dedup)."""
 
+    async def setup(self) -> None:
+        """Acquire what the tasks need before the first one is read (e.g. load tasks, list a server's tools)."""
+
     def provenance(self, task_id: str, *, parents: Iterable[str] = (), seed: int | None = None) -> Provenance:
         return Provenance(
             method=self.name,
@@ -162,6 +165,7 @@ class GenerationMethod(ABC):
         """Run `tasks` into `output`, skipping tasks a finished unit already covers."""
         done = {tid for unit in output.finished_units().values() for tid in unit.get("meta", {}).get("task_ids", [])}
         self.prepare(output)
+        await self.setup()
         summary = RunSummary(self.name)
         pending: list[TaskSpec] = []
         for task in tasks:

@@ -81,7 +81,7 @@ class StepVerify(GenerationMethod):
                 else:
                     llm_labels[i] = (j.label, j.reason)
         if self.config.judge in ("rules", "both"):
-            found = await asyncio.to_thread(step_rules.rule_labels, traj)  # a replay: keep the loop free
+            found = await step_rules.rule_labels(traj)
             rule_labels = {i: (r.label, r.reason) for i, r in found.items()}
         llm_first = self.config.judge == "llm" or (self.config.judge == "both" and self.config.labels_from == "llm")
         primary, other = (llm_labels, rule_labels) if llm_first else (rule_labels, llm_labels)

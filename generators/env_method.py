@@ -1,0 +1,116 @@
+"""What every method that acts in an environment shares: its env keys, its tasks, its agent, its records.
+
+A method config mixes in `EnvSpec` (env, env_config, tasks, user); `EnvMethod` builds the
+environments (`self.envs`), loads the run's tasks once before the run starts, reads the tools
+from a started environment (an MCP server lists them), and closes what it opened at the end.
+Trajectories made in an environment record the same facts wherever they come from: the task
+(so step verification can replay it), the environment and its config, the episode's evaluation,
+and the task split in provenance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from pydantic import Field
+
+from envs.base import Environment, Evaluation, Task
+from envs.spec import EnvFactory, EnvSpec
+from generators.agent import SYSTEM as AGENT_SYSTEM
+from generators.agent import AgentPolicy
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskSpec
+from schemas.models import Step, Tool, Trajectory
+from schemas.store import Dataset
+
+
+class EnvMethodConfig(MethodConfig, EnvSpec):
+    """A method that acts in an environment."""
+
+    max_steps: int = Field(20, ge=1, description="agent actions per episode")
+    max_parse_failures: int = Field(3, ge=1, description="unusable answers before the episode ends")
+    agent_mode: Literal["tools", "text"] = "tools"
+    agent_temperature: float | None = None
+
+
+class EnvMethod(GenerationMethod):
+    """A method whose tasks come from its environment's task source."""
+
+    config: EnvMethodConfig
+
+    def __init__(self, config: EnvMethodConfig, llm: Any):
+        super().__init__(config, llm)
+        self.envs = EnvFactory(config, llm)
+        self._tasks: dict[str, Task] | None = None
+        self._tools: list[Tool] | None = None
+        self._policy_text: str | None = None
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def prepare(self, output: Dataset) -> None:
+        self.envs.output = Path(output.path)
+
+    async def setup(self) -> None:
+        """Load the tasks and read the tools and policy from a started environment (once per run)."""
+        if self._tasks is None:
+            self._tasks = {t.id: t for t in await self.envs.tasks()}
+        if self._tools is None:
+            async with self.envs.make() as env:
+                self._tools = env.tools()
+                self._policy_text = env.policy
+
+    async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
+        try:
+            return await super().run(tasks, output, progress=progress)
+        finally:
+            await self.envs.aclose()
+
+    def env_tasks(self) -> dict[str, Task]:
+        if self._tasks is None:
+            raise RuntimeError("the method's tasks are loaded by setup(), which run() calls first")
+        return self._tasks
+
+    @property
+    def tools(self) -> list[Tool]:
+        if self._tools is None:
+            raise RuntimeError("the tools are read by setup(), which run() calls first")
+        return self._tools
+
+    def make_env(self) -> Environment:
+        return self.envs.make()
+
+    # ---- the agent ------------------------------------------------------------------------------
+
+    def agent_system(self) -> str:
+        """The agent's system prompt: how to act, then the environment's policy where it has one."""
+        if self._policy_text:
+            return f"{AGENT_SYSTEM}\n\n# Policy\n{self._policy_text}"
+        return AGENT_SYSTEM
+
+    def policy(self, temperature: float | None = None, *, llm: Any = None) -> AgentPolicy:
+        t = self.config.agent_temperature if temperature is None else temperature
+        return AgentPolicy(llm or self.llm, self.tools, mode=self.config.agent_mode, temperature=t,
+                           system=self.agent_system())
+
+    # ---- records --------------------------------------------------------------------------------
+
+    def trajectory(self, task: Task, key: str, steps: list[Step], evaluation: Evaluation | None, *,
+                   parents: Iterable[str] = (), seed: int | None = None, **details: Any) -> Trajectory:
+        """A trajectory of `task` (id `<method>/<task id><key>`) with what every env record carries."""
+        reward = evaluation.reward if evaluation is not None else None
+        split = task.metadata.get("split")
+        return Trajectory(
+            id=f"{self.name}/{task.id}{key}",
+            source=self.name,
+            steps=list(steps),
+            tools=self.tools,
+            reward=reward,
+            success=evaluation.success if evaluation is not None else None,
+            provenance=self.provenance(task.id, parents=parents, seed=task.seed if seed is None else seed)
+            .model_copy(update={"source_id": task.id}),
+            details={"task": task.model_dump(mode="json"), "env": self.envs.describe(),
+                     "env_config": self.config.env_config,
+                     **({"split": split} if split else {}),
+                     **({"evaluation": evaluation.as_dict()} if evaluation is not None else {}),
+                     **details},
+        )
