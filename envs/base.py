@@ -175,6 +175,17 @@ class Environment(ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @classmethod
+    def offers(cls, config: dict[str, Any]) -> set[str]:
+        """What this world offers methods, given its config: `pages` (web observations), `state` (a JSON
+        state a verifier can read, `state()`), `generator` (its own task generator), `snapshot`."""
+        out = {"snapshot"} if cls.can_snapshot else set()
+        if callable(getattr(cls, "state", None)):
+            out.add("state")
+        if cls.generate_tasks is not Environment.generate_tasks:
+            out.add("generator")
+        return out
+
     def capabilities(self) -> Capabilities:
         user = self.user.kind if self.user is not None else "none"
         return Capabilities("snapshot" if self.can_snapshot else "replay", user, self.evaluation)
@@ -361,12 +372,13 @@ def is_revision(step: Step) -> bool:
 def transitions(steps: Sequence[Step]) -> list[tuple[Action, Observation | None]]:
     """The moves of a recorded history: each action with the observation that answered it.
 
-    Revision thoughts and failed steps (the agent's unreadable text, masked as train = false) were
-    never sent to the world and are skipped.
+    Revision thoughts and failed steps (the agent's unreadable text) were never sent to the world,
+    and masked actions (train = false: the bad branch of a spliced or reflected trajectory) belong
+    to a branch the rest of the record does not continue from: all are skipped.
     """
     out: list[tuple[Action, Observation | None]] = []
     for i, step in enumerate(steps):
-        if step.kind not in ACTION_KINDS or is_revision(step):
+        if step.kind not in ACTION_KINDS or is_revision(step) or not step.train:
             continue
         nxt = steps[i + 1] if i + 1 < len(steps) and steps[i + 1].kind not in ACTION_KINDS else None
         out.append((step, nxt))  # type: ignore[arg-type]

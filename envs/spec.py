@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.base import LLM
 from backends.config import LLMConfig
@@ -44,6 +44,28 @@ class EnvSpec(BaseModel):
     def env_spec(self) -> EnvSpec:
         return EnvSpec(env=self.env, env_config=self.env_config, tasks=self.tasks, user=self.user)
 
+    @model_validator(mode="after")
+    def _known_env_and_keys(self) -> EnvSpec:
+        """A config names a registered environment and only settings it takes (checked before any run)."""
+        try:
+            cls = env_class(self.env)
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0])) from None
+        check_env_config(self.env, cls, self.env_config)
+        return self
+
+
+def check_env_config(name: str, cls: Any, config: dict[str, Any]) -> None:
+    """Unknown env_config keys are named at once, not as a TypeError deep inside a run."""
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(config) - set(params) - {"user"})
+    if unknown:
+        allowed = ", ".join(sorted(k for k in params if k not in ("user", "llm")))
+        raise ValueError(f"env_config: unknown key(s) {', '.join(unknown)} for environment {name!r}"
+                         f" (accepted: {allowed or 'none'})")
+
 
 class EnvFactory:
     """Builds (unstarted) environments of one spec; `async with factory.make() as env:` starts one."""
@@ -54,18 +76,6 @@ class EnvFactory:
         self.output = output
         self._own: dict[str, LLM] = {}
         self.cls = env_class(self.spec.env)
-        self._check_config()
-
-    def _check_config(self) -> None:
-        """An unknown env_config key is named at once, not as a TypeError deep inside a run."""
-        params = inspect.signature(self.cls).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return
-        unknown = sorted(set(self.spec.env_config) - set(params) - {"user"})
-        if unknown:
-            allowed = ", ".join(sorted(k for k in params if k not in ("user", "llm")))
-            raise ValueError(f"env_config: unknown key(s) {', '.join(unknown)} for environment {self.spec.env!r}"
-                             f" (accepted: {allowed or 'none'})")
 
     # ---- LLMs -----------------------------------------------------------------------------------
 
@@ -100,12 +110,10 @@ class EnvFactory:
             raise ValueError(f"environment {self.spec.env!r} has no rule-based user; use user.kind llm or none")
         return env
 
-    async def tasks(self) -> list[Task]:
-        """The run's tasks (the env's generator needs a started env)."""
-        if self.spec.tasks.source != "env":
-            return load_tasks(self.spec.tasks, self.spec.env)
-        async with self.make() as env:
-            return load_tasks(self.spec.tasks, self.spec.env, env)
+    def tasks(self) -> list[Task]:
+        """The run's tasks (a world's own generator works on an unstarted environment)."""
+        env = self.make() if self.spec.tasks.source == "env" else None
+        return load_tasks(self.spec.tasks, self.spec.env, env)
 
     def describe(self) -> dict[str, Any]:
         """The env, its task source and user as JSON-safe data for trajectory details (no LLM objects).

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from flows.console import console, fail
 from flows.progress import RichProgress
-from generators._episode import TaskFileError
+from envs.tasks import TaskFileError
 from generators.base import RunSummary
 from generators.registry import all_methods
 from generators.runner import generate as run_generation
@@ -50,7 +50,7 @@ def generate(
         fail(str(exc))
     except TaskFileError as exc:
         # The tasks file's path came from the config: name both, the path may be the damage.
-        fail(f"{exc} (tasks_file of {config or 'the config'})")
+        fail(f"{exc} (tasks of {config or 'the config'})")
     print_summary(summary)
 
 

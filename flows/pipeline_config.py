@@ -3,7 +3,7 @@
     output: out/pipeline             # root; stage outputs go to <output>/<stage>/<name>
     llm: {backend: llamacpp}         # default LLM for generate entries that name none
     convert:  [{name: adp, source: adp, inputs: [samples/adp/agenttuning_os/sample_std.json]}]
-    generate: [{name: rollout, method: rollout, env: retail, n_tasks: 2}]
+    generate: [{name: rollout, method: rollout, env: retail, tasks: {n: 2}}]
     filter:   {chain: [{name: ...}]}               # optional, applied to every dataset
     dedup:    {threshold: 0.8}                     # optional, applied to every dataset
     mix:      {weights: {adp: 1.0}, temperature: 1.0, seed: 0}   # optional: one mixed dataset

@@ -66,8 +66,6 @@ class Episode:
             out["failed_steps"] = dict(self.failure_reasons)
         if self.truncated:
             out["truncated"] = True
-        if self.evaluation is not None:
-            out["evaluation"] = self.evaluation.as_dict()
         return out
 
     def count(self, counts: Counter[str]) -> None:

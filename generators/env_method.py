@@ -11,9 +11,9 @@ and the task split in provenance.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from envs.base import Environment, Evaluation, Task
 from envs.spec import EnvFactory, EnvSpec
@@ -31,12 +31,28 @@ class EnvMethodConfig(MethodConfig, EnvSpec):
     max_parse_failures: int = Field(3, ge=1, description="unusable answers before the episode ends")
     agent_mode: Literal["tools", "text"] = "tools"
     agent_temperature: float | None = None
+    # What the method needs from its world (see Environment.offers); checked when the config loads.
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="after")
+    def _world_offers_what_the_method_needs(self) -> EnvMethodConfig:
+        from envs.registry import env_class
+
+        missing = sorted(self.requires - env_class(self.env).offers(self.env_config))
+        if missing:
+            what = {"pages": "web pages to explore", "state": "a state a verifier can read (state())",
+                    "generator": "a task generator of its own", "snapshot": "snapshots"}
+            raise ValueError(f"{self.method} needs {', '.join(what.get(m, m) for m in missing)}; "
+                             f"environment {self.env!r} does not offer it")
+        return self
 
 
 class EnvMethod(GenerationMethod):
     """A method whose tasks come from its environment's task source."""
 
     config: EnvMethodConfig
+    # Methods whose tasks come from elsewhere (input trajectories, tutorials) do not read the task source.
+    uses_task_source: ClassVar[bool] = True
 
     def __init__(self, config: EnvMethodConfig, llm: Any):
         super().__init__(config, llm)
@@ -51,9 +67,7 @@ class EnvMethod(GenerationMethod):
         self.envs.output = Path(output.path)
 
     async def setup(self) -> None:
-        """Load the tasks and read the tools and policy from a started environment (once per run)."""
-        if self._tasks is None:
-            self._tasks = {t.id: t for t in await self.envs.tasks()}
+        """Read the tools and the policy from a started environment (once per run; an MCP server lists them)."""
         if self._tools is None:
             async with self.envs.make() as env:
                 self._tools = env.tools()
@@ -66,8 +80,9 @@ class EnvMethod(GenerationMethod):
             await self.envs.aclose()
 
     def env_tasks(self) -> dict[str, Task]:
+        """The run's tasks by id, from the config's task source (loaded once)."""
         if self._tasks is None:
-            raise RuntimeError("the method's tasks are loaded by setup(), which run() calls first")
+            self._tasks = {t.id: t for t in self.envs.tasks()} if self.uses_task_source else {}
         return self._tasks
 
     @property

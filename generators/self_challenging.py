@@ -41,16 +41,17 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
 from pydantic import BaseModel, Field
 
 from backends.errors import LLMRequestError
 from envs.base import Environment, Task
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
+from generators.base import TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
-from generators.tutorial_replay import play_episode
+from generators._episode import play_episode
 from schemas.models import ApiAction, Step, Tool, Trajectory
 from schemas.store import Dataset
 
@@ -101,18 +102,15 @@ class SandboxLimits(BaseModel):
     memory_mb: int = Field(512, ge=32)
 
 
-class SelfChallengingConfig(MethodConfig):
+class SelfChallengingConfig(EnvMethodConfig):
     method: Literal["self_challenging"] = "self_challenging"
-    env: str = "retail"
-    world_seed: int = 0
+    requires: ClassVar[frozenset[str]] = frozenset({"state"})
     challenges: int = Field(8, ge=1, description="challenges to write (one task each)")
     explore_calls: int = Field(3, ge=0)
     example_tasks: int = Field(2, ge=0, description="generated requests shown to the challenger as starting points")
     max_observation_chars: int = Field(1500, ge=100)
     rollouts: int = Field(2, ge=0, description="agent attempts per kept task")
     max_steps: int = Field(15, ge=1)
-    agent_mode: Literal["tools", "text"] = "tools"
-    agent_temperature: float | None = None
     challenger_temperature: float | None = None
     keep_failed: bool = Field(True, description="keep rollouts the verifier rejects (reward 0)")
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
@@ -245,13 +243,14 @@ def run_verifier(code: str, state: Any, limits: SandboxLimits | None = None, *, 
 
 
 @register_method
-class SelfChallenging(GenerationMethod):
+class SelfChallenging(EnvMethod):
     """Code-as-Task: challenger-written tasks with sandbox-checked verifiers, then agent rollouts."""
 
     name = "self_challenging"
     Config = SelfChallengingConfig
     templates = (EXPLORE_SYSTEM, EXPLORE_USER, CHALLENGE_SYSTEM, CHALLENGE_USER)
     config: SelfChallengingConfig
+    uses_task_source = False
 
     def __init__(self, config: SelfChallengingConfig, llm: Any):
         super().__init__(config, llm)
@@ -273,22 +272,19 @@ class SelfChallenging(GenerationMethod):
     # ---- environment helpers ------------------------------------------------------------------
 
     def _env(self) -> Environment:
-        from envs.registry import make_env
-
-        return make_env(self.config.env, seed=self.config.world_seed)
+        return self.make_env()
 
     def _task(self, task_id: str, instruction: str) -> Task:
-        return Task(id=task_id, env=self.config.env, instruction=instruction,
-                    params={"world_seed": self.config.world_seed}, seed=self.config.world_seed)
+        return Task(id=task_id, env=self.config.env, instruction=instruction, seed=self.config.seed)
 
-    def _execute(self, calls: list[ToolCall], task: Task) -> tuple[list[Step], Any, list[str]]:
+    async def _execute(self, calls: list[ToolCall], task: Task) -> tuple[list[Step], Any, list[str]]:
         """Run `calls` in a fresh env from the world seed: (steps, final state, refused-call errors)."""
-        with self._env() as env:
-            steps: list[Step] = [env.reset(task)]
+        async with self._env() as env:
+            steps: list[Step] = list(await env.reset(task))
             errors: list[str] = []
             for n, call in enumerate(calls, 1):
                 action = ApiAction(function=call.name, arguments=call.arguments, tool_call_id=f"call_{n}")
-                res = env.step(action)
+                res = await env.step(action)
                 steps += [action, res.observation]
                 if res.info.get("error"):
                     errors.append(f"call {n} ({call.name}): {res.info['error']}")
@@ -313,10 +309,10 @@ class SelfChallenging(GenerationMethod):
     async def _run(self, task: TaskSpec, result: TaskResult) -> None:
         index = task.payload["index"]
         params = {"temperature": self.config.challenger_temperature} if self.config.challenger_temperature is not None else {}
-        with self._env() as env:
-            tools = env.tools()
-            state_shape = _state_shape(env_state(env))
-            examples = self._examples(env, index)
+        env = self._env()
+        tools = env.tools()
+        state_shape = _state_shape(env_state(env))
+        examples = self._examples(env, index)
         tools_text = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
                                for t in tools)
         plan = await self.llm.structured(
@@ -328,7 +324,7 @@ class SelfChallenging(GenerationMethod):
             result.fail(task.id, "challenger", "no valid exploration answer", task.model_dump(mode="json"))
             return
         calls = plan.calls[: self.config.explore_calls]
-        explore_steps, _, _ = self._execute(calls, self._task(f"{task.id}-explore", "(exploration)"))
+        explore_steps, _, _ = await self._execute(calls, self._task(f"{task.id}-explore", "(exploration)"))
         exploration = self._exploration_text(explore_steps) or "(no calls made)"
         challenge = await self.llm.structured(
             [{"role": "system", "content": CHALLENGE_SYSTEM.format(env=self.config.env, tools=tools_text)},
@@ -338,8 +334,8 @@ class SelfChallenging(GenerationMethod):
         if challenge is None:
             result.fail(task.id, "challenger", "no valid challenge answer", {"exploration": exploration})
             return
-        challenge_id = f"{self.config.env}-w{self.config.world_seed}-s{self.config.seed}-{task.id}"
-        record = {"id": challenge_id, "env": self.config.env, "world_seed": self.config.world_seed,
+        challenge_id = f"{self.config.env}-s{self.config.seed}-{task.id}"
+        record = {"id": challenge_id, "env": self.config.env, "env_config": self.config.env_config,
                   **challenge.model_dump(), "exploration": [c.model_dump() for c in calls]}
         reason, checks, solution_steps = await self._validate(challenge, self._task(challenge_id, challenge.instruction))
         if reason is not None:
@@ -375,7 +371,7 @@ class SelfChallenging(GenerationMethod):
     async def _validate(self, challenge: Challenge, task: Task) -> tuple[str | None, list[dict[str, Any]], list[Step]]:
         """(reject reason or None, the checks run, the solution's steps)."""
         checks: list[dict[str, Any]] = []
-        steps, state, errors = self._execute(challenge.solution, task)
+        steps, state, errors = await self._execute(challenge.solution, task)
         if errors:
             return f"solution call failed: {errors[0]}", checks, steps
         verdict = await self.verify(challenge.verifier, state)
@@ -385,7 +381,7 @@ class SelfChallenging(GenerationMethod):
         if not verdict.passed:
             return f"solution fails verifier: verify returned {verdict.value}", checks, steps
         for n, case in enumerate(challenge.failure_cases, 1):
-            _, case_state, _ = self._execute(case, task)  # refused calls are fine: the state stays unchanged
+            _, case_state, _ = await self._execute(case, task)  # refused calls are fine: the state stays unchanged
             v = await self.verify(challenge.verifier, case_state)
             checks.append({"case": f"failure {n}", **v.model_dump()})
             if v.error:
@@ -418,8 +414,9 @@ class SelfChallenging(GenerationMethod):
         for k in range(self.config.rollouts):
             # Later attempts vary the prompt, so cached samples are not simply repeated.
             guidance = None if k == 0 else f"(Attempt {k + 1}.)"
-            with self._env() as env:
-                episode = await play_episode(env, policy, env_task, max_steps=self.config.max_steps, guidance=guidance)
+            async with self._env() as env:
+                episode = await play_episode(env, policy, env_task, max_steps=self.config.max_steps, guidance=guidance,
+                                             evaluate=False)
                 state = env_state(env)
             verdict = await self.verify(challenge.verifier, state)
             reward = 1.0 if verdict.passed else 0.0
@@ -428,7 +425,7 @@ class SelfChallenging(GenerationMethod):
                 reward=reward, success=verdict.passed,
                 provenance=self.provenance(task.id, parents=[f"{self.name}/{challenge_id}"], seed=k),
                 details={"challenge": record, "verifier": verdict.model_dump(), "stop_reason": episode.stop_reason,
-                         "episode_done": episode.done, "action_errors": episode.errors},
+                         "episode_done": episode.done, "action_errors": episode.action_errors},
             )
             result.counts[f"rollout_{'pass' if verdict.passed else 'fail'}"] += 1
             if not verdict.passed and not self.config.keep_failed:

@@ -37,7 +37,8 @@ USER = "Tools (JSON, one per line):\n{tools}\n\nExample conversation:\n{seed}\n\
 class SimiaSFTConfig(MethodConfig):
     method: Literal["simia_sft"] = "simia_sft"
     seeds: list[str] = Field(default_factory=list, description="dataset directories or ADP JSON/JSONL files")
-    env: str | None = Field(None, description="take tools (and seed-free tasks) from a built-in environment")
+    env: str | None = Field(None, description="take the tools from this environment (e.g. an MCP server)")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="the environment's settings")
     samples_per_seed: int = Field(2, ge=1)
     max_seeds: int | None = Field(None, ge=1)
     temperature: float = 0.8
@@ -74,15 +75,18 @@ class SimiaSFT(GenerationMethod):
             self._seeds = seeds
         return self._seeds
 
+    async def setup(self) -> None:
+        if self.config.env and self._env_tools is None:
+            # A started environment lists its tools (an MCP server answers list_tools); once per run.
+            from envs.spec import EnvFactory, EnvSpec
+
+            async with EnvFactory(EnvSpec(env=self.config.env, env_config=self.config.env_config), self.llm).make() as env:
+                self._env_tools = env.tools()
+
     def tools_for(self, seed: Trajectory) -> list[Tool]:
         if not self.config.env:
             return seed.tools
-        if self._env_tools is None:
-            # Building an environment builds its world; do it once, not once per task.
-            from envs.registry import make_env
-
-            with make_env(self.config.env, seed=self.config.seed) as env:
-                self._env_tools = env.tools()
+        assert self._env_tools is not None, "setup() reads the environment's tools before tasks run"
         return self._env_tools
 
     def tasks(self) -> Iterable[TaskSpec]:

@@ -12,7 +12,7 @@ from envs.retail.tasks import generate_tasks
 from envs.retail.tools import TOOL_SPECS, ToolError, call_tool
 from envs.retail.user import RuleUser
 from envs.toolspec import validate_call
-from schemas.models import Action, ApiAction, Observation, Step, TextObservation, Tool
+from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool
 
 
 class RetailEnv(Environment):
@@ -46,6 +46,8 @@ class RetailEnv(Environment):
         return None
 
     async def _act(self, action: Action) -> StepResult:
+        if isinstance(action, MessageAction):  # no user to answer: the message is the agent's final answer
+            return StepResult(TextObservation(content="The conversation has ended.", source="environment"), done=True)
         if not isinstance(action, ApiAction):
             return refused(action, f"{action_kind(action)} actions are not supported here; call a tool or send a message")
         ids = {"name": action.function, "tool_call_id": action.tool_call_id}

@@ -121,6 +121,15 @@ class SimulatedEnv(Environment):
     needs_llm = True
     evaluation = "LLM judge over the transcript, under the policy"
 
+    @classmethod
+    def offers(cls, config: dict[str, Any]) -> set[str]:
+        out = super().offers(config)
+        if config.get("mode") == "web":
+            out.add("pages")
+        if not config.get("tasks"):
+            out.discard("generator")  # it generates only from the tasks its config lists
+        return out
+
     def __init__(
         self,
         tools: list[Tool | dict[str, Any]] | None = None,
@@ -144,7 +153,10 @@ class SimulatedEnv(Environment):
         super().__init__(max_steps=max_steps, user=user if user is not None or mode == "web" else SimulatorUser(self))
         self.mode: Mode = mode
         self._tools = [_as_tool(t) for t in tools] if tools else list(P.DEFAULT_WEB_TOOLS)
-        self.policy = policy.strip() or "(no special rules)"
+        self.rules = policy.strip() or "(no special rules)"
+        # Tool mode: the domain policy binds the agent too (it is in its system prompt, as in tau-bench);
+        # web mode: the site description is for the simulator only.
+        self.policy = policy.strip() or None if mode == "tool" else None
         self.seeds = _load_seeds(list(seeds or []))
         self.task_pool = list(tasks or [])
         self.start_page = start_page
@@ -156,7 +168,7 @@ class SimulatedEnv(Environment):
         # The last judgement: (history it judged, its evaluation).
         self._judged: tuple[tuple[Step, ...], Evaluation] | None = None
         template = P.WEB_SYSTEM if mode == "web" else P.TOOL_SYSTEM
-        self._system = template.format(policy=self.policy, tools=P.tools_block(self._tools),
+        self._system = template.format(policy=self.rules, tools=P.tools_block(self._tools),
                                        examples=P.examples_block(self.seeds, max_example_chars))
 
     # ---- configuration ------------------------------------------------------------------------
@@ -248,7 +260,7 @@ class SimulatedEnv(Environment):
         if self._judged is not None and self._judged[0] == key:
             return self._judged[1]
         prompt = P.JUDGE_USER.format(task=P.task_block(task), history=self._history_text(history))
-        verdict = await self.llm.structured([{"role": "system", "content": P.JUDGE_SYSTEM.format(policy=self.policy)},
+        verdict = await self.llm.structured([{"role": "system", "content": P.JUDGE_SYSTEM.format(policy=self.rules)},
                                              {"role": "user", "content": prompt}], Judgement)
         if verdict is None:
             raise SimulationError("no valid judgement from the judge model (invalid output or failed request)")

@@ -38,6 +38,10 @@ class WebShopEnv(Environment):
     can_snapshot = True
     evaluation = "goal check over the cart, orders and answer"
 
+    @classmethod
+    def offers(cls, config: dict[str, Any]) -> set[str]:
+        return super().offers(config) | {"pages"}
+
     def __init__(self, seed: int = 0, max_steps: int = 50) -> None:
         super().__init__(max_steps=max_steps)
         self.seed = seed

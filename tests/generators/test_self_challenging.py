@@ -170,6 +170,6 @@ def test_self_challenging_end_to_end(tmp_path, monkeypatch):
 
     # Kept tasks are re-usable from a side file.
     rows = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["retail-w0-s0-challenge-0000"]
-    assert rows[0]["instruction"] == INSTRUCTION and rows[0]["verifier"] == STRICT and rows[0]["world_seed"] == 0
+    assert [r["id"] for r in rows] == ["retail-s0-challenge-0000"]
+    assert rows[0]["instruction"] == INSTRUCTION and rows[0]["verifier"] == STRICT and rows[0]["env_config"] == {}
     assert not list(out.glob(".tasks-*"))

@@ -20,7 +20,7 @@ from generators.scripted import ScriptedRetailLLM, cancel_tasks
 
 
 def make_search_output(path: Path, llm: ScriptedRetailLLM, **cfg) -> Path:
-    method = MCTSSplice(MCTSSpliceConfig(num_tasks=1, **cfg), llm)
+    method = MCTSSplice(MCTSSpliceConfig(tasks={"n": 1}, **cfg), llm)
     asyncio.run(method.run(method.tasks(), Dataset.create(path, stage="generate:mcts_splice")))
     return path
 
@@ -105,7 +105,7 @@ def test_cli_runs_mcts_splice_then_step_verify(tmp_path):
         common = {"concurrency": 1, "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake",
                                              "api_key_env": "TRAJFORGE_TEST_KEY", "max_retries": 1,
                                              "request_timeout_s": 10}}
-        (tmp_path / "mcts.yaml").write_text(yaml.safe_dump({**common, "num_tasks": 1, "search": {"iterations": 3}}))
+        (tmp_path / "mcts.yaml").write_text(yaml.safe_dump({**common, "tasks": {"n": 1}, "search": {"iterations": 3}}))
         run = CliRunner().invoke(app, ["generate", "--method", "mcts_splice", "--config", str(tmp_path / "mcts.yaml"),
                                        "--output", str(tmp_path / "search")])
         assert run.exit_code == 0, run.output

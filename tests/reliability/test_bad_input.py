@@ -355,7 +355,7 @@ def test_generate_cli_on_corrupt_task_and_config_files(tmp_path, size):
         root.mkdir()
         tasks, config = root / "tasks.jsonl", root / "config.yaml"
         tasks.write_bytes(data.draw(_tasks_file()))
-        cfg = {"method": "rollout", "env": "retail", "tasks_file": str(tasks), "max_steps": 1, "unit_tasks": 2,
+        cfg = {"method": "rollout", "env": "retail", "tasks": {"source": "jsonl", "path": str(tasks)}, "max_steps": 1, "unit_tasks": 2,
                "llm": llm}
         text = yaml.safe_dump(cfg).encode()
         damaged = _damage(text, data.draw) if data.draw(st.booleans()) else text

@@ -117,7 +117,7 @@ def _llm(base_url: str) -> dict[str, Any]:
 
 
 def _rollout(n_tasks: int, **extra: Any) -> dict[str, Any]:
-    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "n_tasks": n_tasks, "max_steps": 3,
+    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": n_tasks}, "max_steps": 3,
             "keep_failed": True, "unit_tasks": 2, "concurrency": 4, **extra}
 
 
