@@ -70,10 +70,13 @@ def check_env_config(name: str, cls: Any, config: dict[str, Any]) -> None:
 class EnvFactory:
     """Builds (unstarted) environments of one spec; `async with factory.make() as env:` starts one."""
 
-    def __init__(self, spec: EnvSpec, llm: LLM | None = None, output: Path | None = None) -> None:
+    def __init__(self, spec: EnvSpec, llm: LLM | None = None, output: Path | None = None,
+                 judge: LLM | None = None) -> None:
         self.spec = spec.env_spec()
         self.llm = llm
         self.output = output
+        # The grading model, for worlds that judge episodes (`judge` parameter); None: they use their own.
+        self.judge = judge
         self._own: dict[str, LLM] = {}
         self.cls = env_class(self.spec.env)
 
@@ -99,6 +102,8 @@ class EnvFactory:
         config = dict(self.spec.env_config)
         if getattr(self.cls, "needs_llm", False) and not isinstance(config.get("llm"), LLM):
             config["llm"] = self._llm_for("env", config.get("llm"))
+        if self.judge is not None and "judge" in inspect.signature(self.cls).parameters and "judge" not in config:
+            config["judge"] = self.judge
         env = make_env(self.spec.env, **config)
         user = self.spec.user
         if user.kind == "none":

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import importlib.metadata
 import json
+import logging
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -28,6 +29,8 @@ from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
 from schemas.store import Dataset
 
+log = logging.getLogger("trajforge.generators")
+
 
 def trajforge_version() -> str:
     try:
@@ -41,6 +44,14 @@ def template_hash(*templates: str) -> str:
     return hashlib.sha256("\x00".join(templates).encode()).hexdigest()[:16]
 
 
+class JudgeConfig(BaseModel):
+    """The model that grades (judges, verifiers, teachers' checks); apart from the acting model by choice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm: LLMConfig | None = Field(None, description="the judge's model; default: the method's own model (warned)")
+
+
 class MethodConfig(BaseModel):
     """Settings every method has; each method's config model extends it."""
 
@@ -52,11 +63,14 @@ class MethodConfig(BaseModel):
     unit_tasks: int = Field(16, ge=1, description="tasks per committed unit (the resume granularity)")
     seed: int = 0
     cache: bool = Field(True, description="cache LLM responses in the output directory")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="the model that grades")
 
     def output_hash(self) -> str:
         """Hash of what determines the output; throughput knobs are left out on purpose."""
         data = self.model_dump(mode="json", exclude={"concurrency", "unit_tasks", "cache"})
         data["llm"] = {k: v for k, v in data["llm"].items() if k not in _LLM_RUNTIME_KEYS}
+        if data.get("judge", {}).get("llm"):
+            data["judge"]["llm"] = {k: v for k, v in data["judge"]["llm"].items() if k not in _LLM_RUNTIME_KEYS}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -134,6 +148,20 @@ class GenerationMethod(ABC):
     def __init__(self, config: MethodConfig, llm: LLM):
         self.config = config
         self.llm = llm
+        # Set by the runner when the config names a judge model; else judges use the acting model.
+        self.judge_model: LLM | None = None
+        self._warned_same_judge = False
+
+    @property
+    def judge_llm(self) -> LLM:
+        """The model that grades: the configured judge, else (with one warning per run) the acting model."""
+        if self.judge_model is not None:
+            return self.judge_model
+        if not self._warned_same_judge:
+            self._warned_same_judge = True
+            log.warning("%s: the judge is the acting model itself (%s:%s); set judge.llm to grade with another",
+                        self.name, self.config.llm.backend, self.config.llm.model)
+        return self.llm
 
     @abstractmethod
     def tasks(self) -> Iterable[TaskSpec]:
@@ -225,11 +253,13 @@ class GenerationMethod(ABC):
             summary.counts.update(unit.counts)
 
 
-def llm_config_for(config: MethodConfig, output: Path) -> LLMConfig:
-    """The method's LLM config with the cache and failure ledger placed in the output directory."""
+def llm_config_for(config: MethodConfig, output: Path, role: str = "") -> LLMConfig:
+    """The method's LLM config (or its judge's, `role="judge"`) with cache and ledger in the output directory."""
+    llm = config.llm if not role else getattr(config, role).llm
+    prefix = f"_{role}" if role else ""
     updates: dict[str, Any] = {}
-    if config.cache and config.llm.cache_path is None:
-        updates["cache_path"] = str(output / "_llm_cache.sqlite")
-    if config.llm.ledger_path is None:
-        updates["ledger_path"] = str(output / "_llm_ledger.jsonl")
-    return config.llm.model_copy(update=updates)
+    if config.cache and llm.cache_path is None:
+        updates["cache_path"] = str(output / f"{prefix}_llm_cache.sqlite")
+    if llm.ledger_path is None:
+        updates["ledger_path"] = str(output / f"{prefix}_llm_ledger.jsonl")
+    return llm.model_copy(update=updates)

@@ -65,6 +65,7 @@ class EnvMethod(GenerationMethod):
 
     def prepare(self, output: Dataset) -> None:
         self.envs.output = Path(output.path)
+        self.envs.judge = self.judge_model
 
     async def setup(self) -> None:
         """Read the tools and the policy from a started environment (once per run; an MCP server lists them)."""

@@ -192,7 +192,7 @@ class MCTSSplice(EnvMethod):
     async def _first_error(self, bad: SearchPath, k: int, b_traj: Trajectory) -> tuple[int, str, str]:
         """(error step index, reason, where it came from); falls back to the divergence point."""
         if self.config.verifier == "llm":
-            index, reason = await step_judge.locate_first_error(self.llm, bad.steps, k)
+            index, reason = await step_judge.locate_first_error(self.judge_llm, bad.steps, k)
             if index is not None:
                 return index, reason, "llm"
         elif self.config.verifier == "rules":

@@ -67,7 +67,7 @@ class Reflection(EnvMethod):
             if bad is not None:
                 return bad, str(traj.steps[bad].extra.get("judge_reason", "the step was judged bad"))
         if self.config.locator == "llm":
-            return await step_judge.locate_first_error(self.llm, traj.steps)
+            return await step_judge.locate_first_error(self.judge_llm, traj.steps)
         labels = await step_rules.rule_labels(traj)
         index = step_rules.first_bad(labels)
         return index, labels[index].reason if index is not None else "no rule flags a step"

@@ -3,7 +3,7 @@
 Input: a dataset directory (`input`); one task per trajectory id; output: the same trajectories
 (same ids, in the new dataset directory) with each agent step's `label` set and the reason in
 `extra["judge_reason"]`. The labeler is the LLM step judge (`filters.step_judge`), the rule
-verifiers (`filters.step_rules`), or both (`judge: both`; `labels_from` picks whose label is
+verifiers (`filters.step_rules`), or both (`verifier: both`; `labels_from` picks whose label is
 written, the other's goes to `extra["rule_label"]` / `extra["llm_label"]`). With both, their
 agreement (rate and Cohen's kappa over steps both labeled) is in each trajectory's
 `details["step_verify"]`, in the run summary counts (`judge_agreement`, `judge_kappa`, and the
@@ -32,7 +32,7 @@ ACTION_KINDS = ("api", "code", "message")
 class StepVerifyConfig(MethodConfig):
     method: Literal["step_verify"] = "step_verify"
     input: str = Field(description="dataset directory of trajectories to label")
-    judge: Literal["llm", "rules", "both"] = "both"
+    verifier: Literal["llm", "rules", "both"] = Field("both", description="who labels: the LLM judge, the rules, or both")
     labels_from: Literal["llm", "rules"] = Field("llm", description="whose label is written when judge = both")
 
 
@@ -73,17 +73,17 @@ class StepVerify(GenerationMethod):
         result = TaskResult()
         llm_labels: dict[int, tuple[str, str]] = {}
         rule_labels: dict[int, tuple[str, str]] = {}
-        if self.config.judge in ("llm", "both"):
-            judged = await step_judge.judge_trajectory(self.llm, traj.steps, indices)
+        if self.config.verifier in ("llm", "both"):
+            judged = await step_judge.judge_trajectory(self.judge_llm, traj.steps, indices)
             for i, j in judged.items():
                 if j is None:
                     result.counts["judge_failures"] += 1
                 else:
                     llm_labels[i] = (j.label, j.reason)
-        if self.config.judge in ("rules", "both"):
+        if self.config.verifier in ("rules", "both"):
             found = await step_rules.rule_labels(traj)
             rule_labels = {i: (r.label, r.reason) for i, r in found.items()}
-        llm_first = self.config.judge == "llm" or (self.config.judge == "both" and self.config.labels_from == "llm")
+        llm_first = self.config.verifier == "llm" or (self.config.verifier == "both" and self.config.labels_from == "llm")
         primary, other = (llm_labels, rule_labels) if llm_first else (rule_labels, llm_labels)
         primary_name, other_name = ("llm", "rule") if llm_first else ("rules", "llm")
         for i in indices:
@@ -95,9 +95,9 @@ class StepVerify(GenerationMethod):
                 result.counts[f"steps_{chosen[0]}"] += 1
             else:
                 result.counts["steps_unlabeled"] += 1
-            if i in other and self.config.judge == "both":
+            if i in other and self.config.verifier == "both":
                 step.extra[f"{other_name}_label"], step.extra[f"{other_name}_reason"] = other[i]
-        if self.config.judge == "both":
+        if self.config.verifier == "both":
             cells = _cells({i: v[0] for i, v in llm_labels.items()}, {i: v[0] for i, v in rule_labels.items()})
             result.counts.update(cells)
             traj.details["step_verify"] = agreement_from_counts(cells)
@@ -107,7 +107,7 @@ class StepVerify(GenerationMethod):
 
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         summary = await super().run(tasks, output, progress=progress)
-        if self.config.judge == "both":
+        if self.config.verifier == "both":
             # The whole output, finished units from earlier runs included (the run may have resumed).
             stats = agreement_from_counts(output.unit_counts())
             for key in ("agreement", "kappa"):

@@ -376,7 +376,7 @@ class TutorialReplay(GenerationMethod):
         transcript = render_transcript(episode.steps)
         if len(transcript) > self.config.max_transcript_chars:
             transcript = "[...]\n" + transcript[-self.config.max_transcript_chars:]
-        verdict = await self.llm.structured(
+        verdict = await self.judge_llm.structured(
             [{"role": "system", "content": JUDGE_SYSTEM},
              {"role": "user", "content": JUDGE_USER.format(instruction=env_task.instruction, goal=spec.goal,
                                                            expected_outcome=spec.expected_outcome, transcript=transcript)}],

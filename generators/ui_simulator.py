@@ -319,7 +319,7 @@ class UISimulator(EnvMethod):
         return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
     async def _judge(self, node: _Node, episode: Episode) -> Verdict | None:
-        return await self.llm.structured(
+        return await self.judge_llm.structured(
             [{"role": "system", "content": JUDGE_SYSTEM},
              {"role": "user", "content": JUDGE_USER.format(instruction=node.task.instruction, expected=node.expected,
                                                            transcript=self._transcript(episode.steps))}], Verdict)

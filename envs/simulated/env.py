@@ -144,6 +144,7 @@ class SimulatedEnv(Environment):
         max_example_chars: int = 6_000,
         seed: int = 0,
         user: UserSimulator | None = None,
+        judge: LLM | None = None,
     ) -> None:
         if mode not in ("tool", "web"):
             raise ValueError(f"mode must be 'tool' or 'web', not {mode!r}")
@@ -165,6 +166,7 @@ class SimulatedEnv(Environment):
         self._own_llm = llm is not None and not isinstance(llm, LLM)
         self._llm_source = llm
         self._llm: LLM | None = llm if isinstance(llm, LLM) else None
+        self._judge = judge  # the grading model; default: the simulator's own
         # The last judgement: (history it judged, its evaluation).
         self._judged: tuple[tuple[Step, ...], Evaluation] | None = None
         template = P.WEB_SYSTEM if mode == "web" else P.TOOL_SYSTEM
@@ -260,7 +262,8 @@ class SimulatedEnv(Environment):
         if self._judged is not None and self._judged[0] == key:
             return self._judged[1]
         prompt = P.JUDGE_USER.format(task=P.task_block(task), history=self._history_text(history))
-        verdict = await self.llm.structured([{"role": "system", "content": P.JUDGE_SYSTEM.format(policy=self.rules)},
+        judge = self._judge or self.llm
+        verdict = await judge.structured([{"role": "system", "content": P.JUDGE_SYSTEM.format(policy=self.rules)},
                                              {"role": "user", "content": prompt}], Judgement)
         if verdict is None:
             raise SimulationError("no valid judgement from the judge model (invalid output or failed request)")

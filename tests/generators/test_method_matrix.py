@@ -76,7 +76,7 @@ def _config(method: str, env_name: str, tmp: Path, inputs: Path) -> dict[str, An
         "mcts_splice": {**base, "search": search, "max_steps": 8},
         "curriculum": {**base, "rollouts": 2, "generations": 1, "select": 1, "candidates": 4, "max_steps": 8},
         "reflection": {**base, "input": str(inputs), "locator": "rules", "max_steps": 8},
-        "step_verify": {"input": str(inputs), "judge": "both"},
+        "step_verify": {"input": str(inputs), "verifier": "both"},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
         "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4},
         "tutorial_replay": {"platforms": [env_name], "max_tutorials": 2, "max_steps": 6},

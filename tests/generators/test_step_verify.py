@@ -27,7 +27,7 @@ def make_search_output(path: Path, llm: ScriptedRetailLLM, **cfg) -> Path:
 
 def make_verified_output(root: Path, llm: ScriptedRetailLLM, **search) -> tuple[Path, Path, dict]:
     src = make_search_output(root / "search", llm, **search)
-    method = StepVerify(StepVerifyConfig(input=str(src), judge="both"), llm)
+    method = StepVerify(StepVerifyConfig(input=str(src), verifier="both"), llm)
     out = Dataset.create(root / "verified", stage="generate:step_verify")
     summary = asyncio.run(method.run(method.tasks(), out))
     return src, root / "verified", summary.counts
