@@ -4,8 +4,8 @@ Builds N synthetic trajectories (a user task, then 5-30 steps from a pool; 1M by
 - reference: DuckDB's own time to count the rows of the shards (`count(*)` over `read_parquet`,
   a fresh connection), the floor of any query over them;
 - open + first page: from starting `trajforge view DIR --port 0` (a new process, imports included)
-  until the page, its assets, the source list and the first page of trajectories (50 rows with
-  their counts) have been served over HTTP; target < 3 s;
+  until the page, its assets, the source list, the first page of trajectories (50 rows) and their
+  count have been served over HTTP, one after the other; target < 3 s;
 - then, on the running server, what a user does next: the facets (`trajforge stats`), a text
   search, a filter, a sort, a deep page and one trajectory (informative, no target).
 
@@ -70,8 +70,9 @@ def open_first_page(path: Path) -> tuple[subprocess.Popen, str, float, float]:
         _get(base + asset)
     sources = _get(base + "/api/sources")
     page = _get(base + "/api/0/list/trajectories?limit=50")
+    count = _get(base + "/api/0/count/trajectories")
     first_page = time.perf_counter() - start
-    assert len(page["rows"]) == 50 and page["total"] == sources[0]["counts"]["trajectories"], page["total"]
+    assert len(page["rows"]) == 50 and count["total"] == sources[0]["counts"]["trajectories"], count
     return proc, base, listening, first_page
 
 
@@ -91,10 +92,13 @@ def run(records: int, workdir: Path) -> list[dict[str, Any]]:
     proc, base, listening, first_page = open_first_page(path)
     try:
         api = f"{base}/api/0"
+        search, narrow = "q=refund%20user", "success=true&reward_min=0.2&reward_max=0.4"
         followups = [
             ("facets (trajforge stats)", f"{api}/facets"),
-            ("search 'refund' in every step", f"{api}/list/trajectories?q=refund&limit=50"),
-            ("filter success=true, reward 0.2-0.4", f"{api}/list/trajectories?success=true&reward_min=0.2&reward_max=0.4&limit=50"),
+            ("search 'refund user' in every step: first page", f"{api}/list/trajectories?{search}&limit=50"),
+            ("search 'refund user' in every step: count", f"{api}/count/trajectories?{search}"),
+            ("filter success=true, reward 0.2-0.4: first page", f"{api}/list/trajectories?{narrow}&limit=50"),
+            ("filter success=true, reward 0.2-0.4: count", f"{api}/count/trajectories?{narrow}"),
             ("sort by reward, descending", f"{api}/list/trajectories?sort=reward&desc=1&limit=50"),
             (f"page at offset {records - 100:,}", f"{api}/list/trajectories?offset={records - 100}&limit=50"),
             ("one trajectory by id", f"{api}/trajectory?id=bench/{records // 2}"),
