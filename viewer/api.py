@@ -20,8 +20,8 @@ from schemas.store import StoreError
 from viewer import preview
 from viewer.loss_tokens import TOKEN_FORMATS, LossTokenError, loss_tokens
 from viewer.queries import ListRequest, Store
-from viewer.records import INVALID, first_line, pair_view, trajectory_view
-from viewer.sources import Source, ViewError
+from viewer.records import INVALID, pair_view, trajectory_view
+from viewer.sources import Source, ViewError, first_line, unreadable
 
 
 class NotFound(ViewError):
@@ -56,9 +56,12 @@ class Viewer:
                                      "format": source.format}
             if source.kind == "dataset":
                 ds = source.dataset()
-                entry["counts"] = {t: ds.count(t) for t in ("trajectories", "pairs", "quarantine", "filtered")}
-                entry["stage"] = ds.manifest().get("stage")
-                entry["complete"] = ds.complete
+                try:
+                    entry["counts"] = {t: ds.count(t) for t in ("trajectories", "pairs", "quarantine", "filtered")}
+                    entry["stage"] = ds.manifest().get("stage")
+                    entry["complete"] = ds.complete
+                except StoreError as exc:
+                    raise ViewError(str(exc)) from None
             out.append(entry)
         return out
 
@@ -73,7 +76,7 @@ class Viewer:
             except StoreError as exc:
                 raise ViewError(str(exc)) from None
             except duckdb.Error as exc:
-                raise ViewError(f"{source.path}: a shard cannot be read ({first_line(exc)})") from None
+                raise unreadable(source.path, exc) from None
 
         return self.cached(("facets", i, self.store.manifest_version(i)), make)
 

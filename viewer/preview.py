@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import duckdb
+
 from converters.export.formats import FORMATS
 from converters.export.options import FormatOptions
 from converters.export.render import Unrenderable
 from converters.export.run import ExportConfig, resolve_options
 from schemas.models import Pair, Trajectory
-from schemas.store import Dataset
-from viewer.sources import ViewError
+from schemas.store import Dataset, StoreError
+from viewer.sources import ViewError, unreadable
 
 
 def formats_for(table: str) -> list[str]:
@@ -29,7 +31,12 @@ def options_for(name: str, ds: Dataset) -> FormatOptions:
     fmt = FORMATS.get(name)
     if fmt is None:
         raise ViewError(f"unknown format {name!r}; formats are {', '.join(FORMATS)}")
-    return resolve_options(fmt, ExportConfig(format=name), ds)
+    try:
+        return resolve_options(fmt, ExportConfig(format=name), ds)
+    except StoreError as exc:
+        raise ViewError(str(exc)) from None
+    except duckdb.Error as exc:
+        raise unreadable(ds.path, exc) from None
 
 
 def describe(name: str, opts: FormatOptions) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import duckdb
 
 from schemas.store import StoreError
-from viewer.sources import Source, ViewError
+from viewer.sources import Source, ViewError, first_line
 
 PAGE_LIMIT = 200
 DEFAULT_MEMORY_LIMIT = "2GB"
@@ -122,9 +122,9 @@ def _tool(value: str, p: dict[str, Any]) -> str:
     return "list_contains(list_transform(steps, lambda s: s.function), $tool)"
 
 
-def _trajectory_search(p: dict[str, Any]) -> str:
-    return ("(contains(lower(id), $q) OR contains(lower(source), $q) OR contains(lower(coalesce(provenance.method, '')), $q)"
-            f" OR coalesce(list_bool_or(list_transform(steps, lambda s: contains({_STEP_TEXT}, $q))), false))")
+_TRAJECTORY_SEARCH = (
+    "(contains(lower(id), $q) OR contains(lower(source), $q) OR contains(lower(coalesce(provenance.method, '')), $q)"
+    f" OR coalesce(list_bool_or(list_transform(steps, lambda s: contains({_STEP_TEXT}, $q))), false))")
 
 
 _TRAJECTORY_FILTERS: dict[str, Filter] = {
@@ -155,9 +155,9 @@ _ROW_SEARCH = "contains(lower(CAST(to_json(r) AS VARCHAR)), $q)"
 
 @dataclass(frozen=True)
 class TableSpec:
-    """How one table is listed: its search condition, filters, sort keys and page columns."""
+    """How one table is listed: its search condition (on `$q`), filters, sort keys and page columns."""
 
-    search: Callable[[dict[str, Any]], str]
+    search: str
     filters: dict[str, Filter]
     sorts: dict[str, str]
     columns: str
@@ -165,25 +165,25 @@ class TableSpec:
 
 TABLES: dict[str, TableSpec] = {
     "trajectories": TableSpec(
-        _trajectory_search, _TRAJECTORY_FILTERS,
+        _TRAJECTORY_SEARCH, _TRAJECTORY_FILTERS,
         {"id": "id", "reward": "reward", "steps": "len(steps)", "source": "source"},
         _TRAJECTORY_COLUMNS,
     ),
     "filtered": TableSpec(
-        _trajectory_search,
+        _TRAJECTORY_SEARCH,
         {**_TRAJECTORY_FILTERS, "filter": _equals("filter", "filter"), "reason": _equals("reason", "reason")},
         {"id": "id", "reward": "reward", "steps": "len(steps)", "source": "source", "filter": "filter"},
         _TRAJECTORY_COLUMNS + ", filter, reason, score",
     ),
     "pairs": TableSpec(
-        lambda p: "(contains(lower(id), $q) OR contains(lower(chosen_id), $q) OR contains(lower(rejected_id), $q))",
+        "(contains(lower(id), $q) OR contains(lower(chosen_id), $q) OR contains(lower(rejected_id), $q))",
         {"source": _equals("source", "source"), "level": _equals("level", "level")},
         {"id": "id", "prefix_len": "prefix_len", "source": "source"},
         "id, chosen_id, rejected_id, prefix_len, level, source, chosen_reward, rejected_reward",
     ),
     "quarantine": TableSpec(
-        lambda p: ("(contains(lower(id), $q) OR contains(lower(error), $q) OR contains(lower(coalesce(location, '')), $q)"
-                   " OR contains(lower(coalesce(raw, '')), $q))"),
+        ("(contains(lower(id), $q) OR contains(lower(error), $q) OR contains(lower(coalesce(location, '')), $q)"
+         " OR contains(lower(coalesce(raw, '')), $q))"),
         {"stage": _equals("stage", "stage"), "error": _equals("regexp_extract(error, '^[^:(]*')", "error")},
         {"id": "id", "stage": "stage", "created_at": "created_at"},
         "id, stage, error, location, created_at, left(raw, 300) AS raw",
@@ -265,8 +265,7 @@ class Store:
         try:
             return cursor.sql(sql, params=params or {}).to_arrow_table().to_pylist()
         except duckdb.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ViewError(f"query failed: {first}") from None
+            raise ViewError(f"query failed ({first_line(exc)})") from None
         finally:
             cursor.close()
 
@@ -278,11 +277,10 @@ class Store:
         relation, where, params = self._select(index, table, req)
         if relation is None:
             return out
-        if table == "rows":
-            spec_columns, order = "*", ""
-        else:
+        columns, order = "*", ""
+        if table != "rows":
             spec = TABLES[table]
-            spec_columns, order = spec.columns, ""
+            columns = spec.columns
             if req.sort != "order":
                 key = spec.sorts.get(req.sort)
                 if key is None:
@@ -290,7 +288,7 @@ class Store:
                 order = f"ORDER BY {key} {'DESC' if req.desc else 'ASC'} NULLS LAST, id"
         # One row past the page says whether there is a next one, without counting.
         params.update(limit=req.limit + 1, offset=req.offset)
-        rows = self.rows(f"SELECT {spec_columns} FROM {relation} {where} {order} LIMIT $limit OFFSET $offset", params)
+        rows = self.rows(f"SELECT {columns} FROM {relation} {where} {order} LIMIT $limit OFFSET $offset", params)
         if table == "rows":
             rows = [export_row(r) for r in rows]
         return {**out, "rows": rows[: req.limit], "more": len(rows) > req.limit}
@@ -324,7 +322,7 @@ class Store:
         conditions = []
         if req.q:
             params["q"] = req.q.lower()
-            conditions.append(spec.search(params))
+            conditions.append(spec.search)
         for name, value in req.filters.items():
             condition = spec.filters.get(name)
             if condition is None:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from converters.export.render import Unrenderable, render
 from schemas.arrow import pair_from_row, trajectory_from_row
 from schemas.models import Trajectory
+from viewer.sources import first_line
 
 Segment = str  # "prefix" | "bad" | "revision" | "continuation"
 # What converting a stored row that no longer fits the models raises.
@@ -143,8 +144,3 @@ def pair_view(row: dict[str, Any]) -> dict[str, Any]:
     except INVALID as exc:
         return {"invalid": first_line(exc), "raw": row}
     return {"pair": pair.model_dump(mode="json")}
-
-
-def first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -25,6 +25,15 @@ class ViewError(Exception):
     """Nothing to show at a path, or a request the data cannot answer; the message is one line."""
 
 
+def first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def unreadable(path: Path, exc: Exception) -> ViewError:
+    return ViewError(f"{path}: a shard cannot be read ({first_line(exc)})")
+
+
 @dataclass(frozen=True)
 class Source:
     """One dataset directory or export the page shows."""
