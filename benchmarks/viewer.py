@@ -66,14 +66,27 @@ def open_first_page(path: Path) -> tuple[subprocess.Popen, str, float, float]:
         proc.wait()
         raise RuntimeError("trajforge view exited before serving")
     listening = time.perf_counter() - start
-    for asset in ("/", "/static/app.js", "/static/app.css"):
-        _get(base + asset)
-    sources = _get(base + "/api/sources")
-    page = _get(base + "/api/0/list/trajectories?limit=50")
-    count = _get(base + "/api/0/count/trajectories")
-    first_page = time.perf_counter() - start
-    assert len(page["rows"]) == 50 and count["total"] == sources[0]["counts"]["trajectories"], count
+    try:
+        for asset in ("/", "/static/app.js", "/static/app.css"):
+            _get(base + asset)
+        sources = _get(base + "/api/sources")
+        page = _get(base + "/api/0/list/trajectories?limit=50")
+        count = _get(base + "/api/0/count/trajectories")
+        first_page = time.perf_counter() - start
+        assert len(page["rows"]) == 50 and count["total"] == sources[0]["counts"]["trajectories"], count
+    except BaseException:
+        stop(proc)
+        raise
     return proc, base, listening, first_page
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def timed(url: str) -> tuple[float, Any]:
@@ -105,8 +118,7 @@ def run(records: int, workdir: Path) -> list[dict[str, Any]]:
         ]
         after = [(name, *timed(url)) for name, url in followups]
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
     print(f"listening after {listening:.2f}s; first page after {first_page:.2f}s; DuckDB count {count_s:.3f}s")
     rows = [
         row(f"open + first page, {records:,} trajectories", first_page, "s", count_s, "DuckDB count(*) of the rows",

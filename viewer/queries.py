@@ -124,6 +124,7 @@ def _tool(value: str, p: dict[str, Any]) -> str:
 
 _TRAJECTORY_SEARCH = (
     "(contains(lower(id), $q) OR contains(lower(source), $q) OR contains(lower(coalesce(provenance.method, '')), $q)"
+    " OR contains(lower(coalesce(provenance.source_dataset, '')), $q)"
     f" OR coalesce(list_bool_or(list_transform(steps, lambda s: contains({_STEP_TEXT}, $q))), false))")
 
 
