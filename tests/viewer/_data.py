@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from generators.base import TaskSpec
 from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig
@@ -41,8 +42,18 @@ QUARANTINE_REASON = "ConversionError: `steps[2].arguments` is not a JSON object"
 
 def spliced_output() -> tuple[list[Trajectory], list]:
     task = cancel_tasks(1)[0]
-    method = MCTSSplice(MCTSSpliceConfig(num_tasks=1), ScriptedRetailLLM([task]))
-    result = asyncio.run(method.run_task(TaskSpec(id=task.id)))
+    # One task: the method's config names the count `tasks.n` where methods share an environment
+    # task source (and then wants `setup()` before a task runs), `num_tasks` elsewhere.
+    shared = "tasks" in MCTSSpliceConfig.model_fields
+    method = MCTSSplice(MCTSSpliceConfig(**({"tasks": {"n": 1}} if shared else {"num_tasks": 1})),
+                        ScriptedRetailLLM([task]))
+
+    async def run() -> Any:
+        if shared:
+            await method.setup()
+        return await method.run_task(TaskSpec(id=task.id))
+
+    result = asyncio.run(run())
     return result.trajectories, result.pairs
 
 
