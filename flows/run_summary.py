@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from rich.table import Table
@@ -59,3 +60,5 @@ def print_run_summary(result: dict[str, Any]) -> None:
     console.print(f"done in {result['seconds']:.1f}s; runs logged in {result['output']}/_runs.jsonl; "
                   "load an export with datasets.load_dataset('parquet', data_files='EXPORT/data/*.parquet'); "
                   "inspect a dataset with trajforge stats DIR", highlight=False)
+    console.print(f"look at the data in a browser: trajforge view {shlex.quote(str(result['output']))}",
+                  highlight=False, soft_wrap=True)
