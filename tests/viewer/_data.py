@@ -42,15 +42,10 @@ QUARANTINE_REASON = "ConversionError: `steps[2].arguments` is not a JSON object"
 
 def spliced_output() -> tuple[list[Trajectory], list]:
     task = cancel_tasks(1)[0]
-    # One task: the method's config names the count `tasks.n` where methods share an environment
-    # task source (and then wants `setup()` before a task runs), `num_tasks` elsewhere.
-    shared = "tasks" in MCTSSpliceConfig.model_fields
-    method = MCTSSplice(MCTSSpliceConfig(**({"tasks": {"n": 1}} if shared else {"num_tasks": 1})),
-                        ScriptedRetailLLM([task]))
+    method = MCTSSplice(MCTSSpliceConfig(tasks={"n": 1}), ScriptedRetailLLM([task]))
 
     async def run() -> Any:
-        if shared:
-            await method.setup()
+        await method.setup()
         return await method.run_task(TaskSpec(id=task.id))
 
     result = asyncio.run(run())
