@@ -11,7 +11,8 @@ import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
-from flows.console import console, fail
+from envs.sandbox import SandboxUnavailable, sandbox_problem
+from flows.console import console, err_console, fail
 from flows.progress import RichProgress
 from generators._episode import TaskFileError
 from generators.base import RunSummary
@@ -26,6 +27,9 @@ def generate(
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config of the method.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Output dataset directory.")] = Path("out/generated"),
     overwrite: Annotated[bool, typer.Option(help="Start the output afresh.")] = False,
+    unsafe_no_sandbox: Annotated[bool, typer.Option(
+        "--unsafe-no-sandbox", help="Where bubblewrap is missing, run generated code (verifiers) with only "
+                                    "seccomp, rlimits and in-process guards. Unsafe: warns every run.")] = False,
 ) -> None:
     """Generate trajectories with one method; resumes a killed run of the same config."""
     data = {}
@@ -42,11 +46,17 @@ def generate(
         fail(str(exc.args[0]))
     except (ValueError, ValidationError) as exc:
         fail(f"{config or 'config'}: {exc}".replace("\n", "; "))
+    sandbox = getattr(cfg, "sandbox", None)
+    if unsafe_no_sandbox and sandbox is not None:
+        sandbox.unsafe_no_sandbox = True
+    if sandbox is not None and sandbox.unsafe_no_sandbox and (problem := sandbox_problem()) is not None:
+        err_console.print(f"[bold yellow]warning:[/] UNSAFE: {problem}; generated code runs WITHOUT the OS sandbox "
+                          "(--unsafe-no-sandbox / sandbox.unsafe_no_sandbox)", highlight=False)
     console.print(f"[bold]generate[/] {cfg.method} with {cfg.llm.backend}:{cfg.llm.model} -> {output}")
     try:
         with RichProgress(f"{cfg.method} tasks") as progress:
             summary = asyncio.run(run_generation(cfg, output, overwrite=overwrite, progress=progress))
-    except StoreError as exc:
+    except (StoreError, SandboxUnavailable) as exc:
         fail(str(exc))
     except TaskFileError as exc:
         # The tasks file's path came from the config: name both, the path may be the damage.

@@ -45,6 +45,9 @@ class MethodConfig(BaseModel):
     """Settings every method has; each method's config model extends it."""
 
     model_config = ConfigDict(extra="forbid")
+    # Left out of the output hash: they change how a run goes, not what it writes (pydantic's
+    # nested `exclude` form; methods extend it).
+    runtime_fields: ClassVar[dict[str, Any]] = {"concurrency": True, "unit_tasks": True, "cache": True}
 
     method: str
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="llamacpp", max_tokens=256))
@@ -55,7 +58,7 @@ class MethodConfig(BaseModel):
 
     def output_hash(self) -> str:
         """Hash of what determines the output; throughput knobs are left out on purpose."""
-        data = self.model_dump(mode="json", exclude={"concurrency", "unit_tasks", "cache"})
+        data = self.model_dump(mode="json", exclude=self.runtime_fields)
         data["llm"] = {k: v for k, v in data["llm"].items() if k not in _LLM_RUNTIME_KEYS}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -41,7 +41,7 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
 from pydantic import BaseModel, Field
 
@@ -99,9 +99,13 @@ class SandboxLimits(BaseModel):
     timeout_s: float = Field(5.0, gt=0, description="wall-clock limit per verifier run")
     cpu_s: int = Field(10, ge=1, description="CPU-seconds limit (reported as a timeout too)")
     memory_mb: int = Field(512, ge=32)
+    unsafe_no_sandbox: bool = Field(False, description="run verifiers without bubblewrap where it is missing "
+                                                       "(seccomp, rlimits and in-process guards only); warns each run")
 
 
 class SelfChallengingConfig(MethodConfig):
+    runtime_fields: ClassVar[dict[str, Any]] = {**MethodConfig.runtime_fields, "sandbox": {"unsafe_no_sandbox": True}}
+
     method: Literal["self_challenging"] = "self_challenging"
     env: str = "retail"
     world_seed: int = 0
@@ -240,7 +244,7 @@ def run_verifier(code: str, state: Any, limits: SandboxLimits | None = None, *, 
         return Verdict(passed=False, error=f"verifier rejected: {problem}")
     limits = limits or SandboxLimits()
     result = run_python(code, entry="verify", args=[state], timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
-                        memory_mb=limits.memory_mb)
+                        memory_mb=limits.memory_mb, unsafe_no_sandbox=limits.unsafe_no_sandbox)
     return verdict_from_sandbox(result)
 
 
@@ -263,6 +267,10 @@ class SelfChallenging(GenerationMethod):
             yield TaskSpec(id=f"challenge-{i:04d}", payload={"index": i})
 
     def prepare(self, output: Dataset) -> None:
+        from envs.sandbox import require_sandbox
+
+        # Before any model call: verifiers are generated code and run only in the sandbox.
+        require_sandbox(unsafe_no_sandbox=self.config.sandbox.unsafe_no_sandbox)
         self._tasks_path = Path(output.path) / TASKS_FILE
         if self._tasks_path.exists():
             for line in self._tasks_path.read_text(encoding="utf-8").splitlines():
