@@ -137,6 +137,7 @@ def mix_cmd(
         table.add_row(src.name, str(src.available), f"{src.weight:g}", f"{src.probability:.3f}",
                       f"{src.target:.0f}", str(src.written))
     console.print(table)
-    console.print(f"{s.written} records written (seed {seed}, T={temperature:g})", highlight=False)
+    console.print(f"{s.written} records written (seed {seed}, T={temperature:g}); "
+                  f"{s.duplicates} duplicate ids dropped (the first occurrence kept)", highlight=False)
 
 
