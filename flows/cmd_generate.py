@@ -84,9 +84,12 @@ def print_summary(summary: RunSummary) -> None:
     table.add_row("tasks run now", str(data["processed"]))
     for key in ("trajectories", "pairs", "filtered", "quarantine"):
         table.add_row(f"{key} written" if key != "quarantine" else "quarantined", str(data["counts"].get(key, 0)))
+    for key, n in sorted(data["counts"].items()):
+        if key.startswith("failed_step:"):
+            table.add_row(f"  failed steps ({key.split(':', 1)[1]} answer)", str(n))
     for reason, n in sorted(data["rejected_by_reason"].items()):
         table.add_row(f"  rejected: {reason}", str(n))
     llm = data["llm"]
-    for key in ("calls", "cache_hits", "retries", "failures", "prompt_tokens", "completion_tokens"):
+    for key in ("calls", "cache_hits", "retries", "failures", "truncated", "prompt_tokens", "completion_tokens"):
         table.add_row(f"LLM {key.replace('_', ' ')}", f"{llm.get(key, 0):,}")
     console.print(table)

@@ -33,7 +33,7 @@ from envs.base import Task
 from envs.simulated.env import SimulationError
 from generators._episode import EnvMaker, Episode, close_env, load_tasks_file, play_episode
 from generators.agent import SYSTEM as AGENT_SYSTEM
-from generators.agent import TEXT_FORMAT, AgentPolicy
+from generators.agent import TEXT_FORMAT, TRUNCATED, AgentPolicy
 from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from schemas.models import Trajectory
@@ -166,6 +166,9 @@ class Rollout(GenerationMethod):
         result.counts["episodes"] += 1
         result.counts["successes"] += int((episode.reward or 0.0) >= 1.0)
         result.counts["parse_failures"] += episode.parse_failures
+        for step in episode.steps:  # failed steps by reason: a truncated answer, an unreadable one
+            if step.kind == "text" and (error := (step.extra or {}).get("parse_error")):
+                result.counts["failed_step:" + ("truncated" if error.startswith(TRUNCATED) else "unreadable")] += 1
         result.counts["action_errors"] += len(episode.action_errors)
         result.counts[f"stop:{episode.stop_reason}"] += 1
 
