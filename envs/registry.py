@@ -39,11 +39,16 @@ def available_envs() -> list[str]:
     return sorted(set(_REGISTRY) | set(_BUILTIN))
 
 
-def make_env(name: str, **config: Any) -> Environment:
-    """A new environment instance of kind `name`, configured with `config` (e.g. seed=0)."""
+def env_factory(name: str) -> EnvFactory:
+    """The factory registered as `name`; KeyError naming the available ones if there is none."""
     factory = _REGISTRY.get(name)
     if factory is None and name in _BUILTIN:
         factory = _REGISTRY.setdefault(name, _load_builtin(name))
     if factory is None:
         raise KeyError(f"unknown environment {name!r}; available: {', '.join(available_envs())}")
-    return factory(**config)
+    return factory
+
+
+def make_env(name: str, **config: Any) -> Environment:
+    """A new environment instance of kind `name`, configured with `config` (e.g. seed=0)."""
+    return env_factory(name)(**config)

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
 from envs.sandbox import SandboxUnavailable, sandbox_problem
+from flows.config_file import ConfigFileError, read_config
 from flows.console import console, err_console, fail
+from flows.preflight import check_generate_config
 from flows.progress import RichProgress
 from generators._episode import TaskFileError
 from generators.base import RunSummary
@@ -35,17 +36,24 @@ def generate(
     data = {}
     if config is not None:
         try:
-            data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            fail(f"{config}: cannot read config ({exc})")
+            data = read_config(config) or {}
+        except ConfigFileError as exc:
+            fail(str(exc))
         if not isinstance(data, dict):
             fail(f"{config}: a config is a YAML mapping, not {type(data).__name__}")
     try:
         cfg = load_config(data, method)
     except KeyError as exc:
         fail(str(exc.args[0]))
-    except (ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        fail(f"{config or 'config'}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()))
+    except ValueError as exc:
         fail(f"{config or 'config'}: {exc}".replace("\n", "; "))
+    try:
+        check_generate_config(cfg, str(config or "config"))
+    except ConfigFileError as exc:
+        fail(str(exc))
     sandbox = getattr(cfg, "sandbox", None)
     if unsafe_no_sandbox and sandbox is not None:
         sandbox.unsafe_no_sandbox = True
@@ -62,6 +70,17 @@ def generate(
         # The tasks file's path came from the config: name both, the path may be the damage.
         fail(f"{exc} (tasks_file of {config or 'the config'})")
     print_summary(summary)
+    if failed_everything(summary):
+        top = summary.reasons.most_common(1)
+        fail(f"nothing succeeded: all {summary.processed} task(s) run were quarantined"
+             + (f" (most often: {top[0][0]}, {top[0][1]}x)" if top else "") + f"; see {output}/quarantine")
+
+
+def failed_everything(summary: RunSummary) -> bool:
+    """Whether this run's tasks all ended in quarantine (none wrote a trajectory, pair or verdict)."""
+    counts = summary.counts
+    wrote = sum(counts.get(k, 0) for k in ("trajectories", "pairs", "filtered"))
+    return summary.processed > 0 and wrote == 0 and counts.get("quarantine", 0) > 0
 
 
 def methods() -> None:

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator, Sized
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +27,11 @@ from backends.base import LLM
 from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
 from schemas.store import Dataset
+
+
+# The most tasks a config may ask a method to generate: the environments' task generators build
+# their lists whole, so this bounds what one run holds (a tasks file is not bounded by it).
+MAX_TASKS = 1_000_000
 
 
 def trajforge_version() -> str:
@@ -166,17 +171,22 @@ class GenerationMethod(ABC):
         done = {tid for unit in output.finished_units().values() for tid in unit.get("meta", {}).get("task_ids", [])}
         self.prepare(output)
         summary = RunSummary(self.name)
-        pending: list[TaskSpec] = []
-        for task in tasks:
-            summary.tasks += 1
-            if task.id in done:
-                summary.skipped += 1
-            else:
-                pending.append(task)
         if progress is not None:
-            progress.start(total=summary.tasks, completed=summary.skipped)
+            progress.start(total=len(tasks) if isinstance(tasks, Sized) else None)
+
+        def pending() -> Iterator[TaskSpec]:
+            # Streamed: tasks are drawn as workers free up, never held as a whole list.
+            for task in tasks:
+                summary.tasks += 1
+                if task.id in done:
+                    summary.skipped += 1
+                    if progress is not None:
+                        progress.advance()
+                    continue
+                yield task
+
         buffer: list[tuple[TaskSpec, TaskResult]] = []
-        queue: Iterator[TaskSpec] = iter(pending)
+        queue: Iterator[TaskSpec] = pending()
         lock = asyncio.Lock()
 
         async def worker() -> None:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from envs.base import Environment, Task
 from envs.registry import make_env
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.mcts import MCTS, SearchConfig
 from generators.registry import register_method
 from schemas.models import Trajectory
@@ -52,10 +52,10 @@ class CurriculumConfig(MethodConfig):
     method: Literal["curriculum"] = "curriculum"
     env: str = "retail"
     env_config: dict[str, Any] = Field(default_factory=dict)
-    num_tasks: int = Field(8, ge=1)
+    num_tasks: int = Field(8, ge=1, le=MAX_TASKS)
     task_seed: int = 0
     task_ids: list[str] | None = None
-    candidates: int = Field(32, ge=1, description="environment tasks (another seed) evolution may map to")
+    candidates: int = Field(32, ge=1, le=MAX_TASKS, description="environment tasks (another seed) evolution may map to")
     rollouts: int = Field(4, ge=2)
     band: tuple[float, float] = Field((0.0, 1.0), description="keep tasks whose mean reward is strictly inside")
     generations: int = Field(1, ge=0, description="evolution rounds after the seed round")

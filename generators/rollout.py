@@ -34,7 +34,7 @@ from envs.simulated.env import SimulationError
 from generators._episode import EnvMaker, Episode, close_env, load_tasks_file, play_episode
 from generators.agent import SYSTEM as AGENT_SYSTEM
 from generators.agent import TEXT_FORMAT, TRUNCATED, AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from schemas.models import Trajectory
 from schemas.store import Dataset
@@ -48,7 +48,7 @@ class RolloutConfig(MethodConfig):
     env_config: dict[str, Any] = Field(default_factory=dict,
                                        description="keyword arguments of the environment (simulated: tools, policy, ...)")
     tasks_file: str | None = Field(None, description="JSONL of tasks; else the env's task generator is used")
-    n_tasks: int = Field(8, ge=1, description="tasks from the env's generator")
+    n_tasks: int = Field(8, ge=1, le=MAX_TASKS, description="tasks from the env's generator")
     task_seed: int = Field(0, description="seed of the env's task generator")
     samples_per_task: int = Field(1, ge=1, description="rollouts per task")
     max_steps: int = Field(20, ge=1, description="agent actions per episode")

@@ -48,7 +48,7 @@ from pydantic import BaseModel, Field
 from backends.errors import LLMRequestError
 from envs.base import Environment, Task
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, GenerationMethod, MethodConfig, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.tutorial_replay import play_episode
 from schemas.models import ApiAction, Step, Tool, Trajectory
@@ -109,7 +109,7 @@ class SelfChallengingConfig(MethodConfig):
     method: Literal["self_challenging"] = "self_challenging"
     env: str = "retail"
     world_seed: int = 0
-    challenges: int = Field(8, ge=1, description="challenges to write (one task each)")
+    challenges: int = Field(8, ge=1, le=MAX_TASKS, description="challenges to write (one task each)")
     explore_calls: int = Field(3, ge=0)
     example_tasks: int = Field(2, ge=0, description="generated requests shown to the challenger as starting points")
     max_observation_chars: int = Field(1500, ge=100)

@@ -43,7 +43,7 @@ from envs.base import Environment, Task
 from envs.simulated.env import SimulationError
 from generators._episode import EnvMaker, Episode, close_env, play_episode
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.rollout import ATTEMPT
 from generators.transcript import render_transcript, tools_block
@@ -113,8 +113,8 @@ class UISimulatorConfig(MethodConfig):
     method: Literal["ui_simulator"] = "ui_simulator"
     env: str = Field("web", description="web, or simulated with env_config.mode = web")
     env_config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
-    rounds: int = Field(2, ge=1, description="proposal rounds (the method's tasks)")
-    tasks_per_round: int = Field(3, ge=1, description="tasks proposed per round")
+    rounds: int = Field(2, ge=1, le=MAX_TASKS, description="proposal rounds (the method's tasks)")
+    tasks_per_round: int = Field(3, ge=1, le=MAX_TASKS, description="tasks proposed per round")
     walk_steps: int = Field(2, ge=0, description="random clicks before proposing")
     attempts: int = Field(2, ge=1, description="rollouts per proposed task")
     max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")

@@ -439,7 +439,7 @@ def run_dedup(
         raise PipelineError(f"threshold must be in (0, 1], got {threshold}")
     source = Dataset.open(input_dir)
     check_apart(output, [input_dir])
-    shards = [s.resolve() for s in source.shard_files("trajectories")]
+    shards = [s.resolve() for s in source.checked_shard_files("trajectories")]
     units = [unit_for_shard(s) for s in shards]
     if len(set(units)) != len(units):
         raise PipelineError(f"{input_dir}: shard file names repeat; cannot name units after them")

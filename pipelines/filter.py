@@ -222,7 +222,7 @@ def run_filter(
     Chain(specs)  # fail fast on a bad config, before any Beam work
     source = Dataset.open(input_dir)
     check_apart(output, [input_dir])
-    shards = source.shard_files("trajectories")
+    shards = source.checked_shard_files("trajectories")
     key = f"filter\0{config_digest(specs)}\0{source.path.resolve()}\0{trajforge_version()}"
     ds = Dataset.create(output, stage="filter", config_hash=hashlib.sha256(key.encode()).hexdigest(),
                         overwrite=overwrite)

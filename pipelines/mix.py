@@ -106,7 +106,7 @@ def run_mix(
         raise MixError("weights must be >= 0")
     datasets = [Dataset.open(p) for p in inputs]
     check_apart(output, inputs)
-    files = {str(ds.path.resolve()): ds.shard_files("trajectories") for ds in datasets}
+    files = {str(ds.path.resolve()): ds.checked_shard_files("trajectories") for ds in datasets}
     ordered = [str(f) for _, fs in sorted(files.items()) for f in fs]
     if not ordered:
         raise MixError("the inputs hold no trajectories")
