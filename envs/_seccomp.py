@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 import tempfile
 
 # Refused outright (names unknown to this architecture are skipped).
@@ -64,10 +63,3 @@ def filter_program() -> bytes:
         raise SeccompUnavailable("libseccomp exported no filter program")
     return program
 
-
-def available() -> bool:
-    try:
-        filter_program()
-    except SeccompUnavailable:
-        return False
-    return os.name == "posix"

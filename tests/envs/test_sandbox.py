@@ -8,16 +8,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envs.sandbox import RUNNER, run_python, run_verifier
+from envs.sandbox import RUNNER, SandboxResult, run_python, run_verifier
+from tests.envs.test_sandbox_escapes import _processes_of
 
 
-def _no_sandbox_processes_left() -> bool:
-    me = psutil.Process()
-    children = [c for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    # Orphaned runners (re-parented to init) would be ours escaping; other sessions' live runners are not.
+def _no_sandbox_processes_left(*results: SandboxResult) -> bool:
+    """No process of these runs is alive (each names its run id on its command line), and no runner
+    was orphaned (re-parented to init: ours escaping; other sessions' live runners are not)."""
     strays = [p for p in psutil.process_iter(["cmdline", "ppid"])
               if str(RUNNER) in " ".join(p.info["cmdline"] or []) and p.info["ppid"] in (0, 1)]
-    return not children and not strays
+    return not strays and not any(_processes_of(r.run_id) for r in results)
 
 
 def test_ordinary_code_returns_values_and_output() -> None:
@@ -47,7 +47,7 @@ def test_verifier_convenience() -> None:
 def test_infinite_loop_times_out_and_is_killed() -> None:
     r = run_python("while True:\n    pass\n", timeout_s=1, cpu_s=10)
     assert not r.ok and r.error_kind == "timeout" and r.duration_s < 3
-    assert _no_sandbox_processes_left()
+    assert _no_sandbox_processes_left(r)
 
 
 def test_cpu_limit() -> None:
@@ -58,9 +58,9 @@ def test_cpu_limit() -> None:
 def test_fork_bomb_is_contained() -> None:
     r = run_python("import os\nwhile True:\n    os.fork()\n", timeout_s=3)
     assert not r.ok and r.error_kind == "forbidden" and "os.fork" in r.error
-    assert _no_sandbox_processes_left()
+    assert _no_sandbox_processes_left(r)
     r = run_python("import multiprocessing\nmultiprocessing.Process(target=print).start()\n", timeout_s=3)
-    assert r.error_kind == "forbidden" and _no_sandbox_processes_left()
+    assert r.error_kind == "forbidden" and _no_sandbox_processes_left(r)
 
 
 def test_memory_hog_hits_memory_limit() -> None:
@@ -154,7 +154,7 @@ def test_subprocess_and_shell_are_refused() -> None:
         r = run_python(code)
         assert r.error_kind == "forbidden", code
         assert "hi" not in r.stdout
-    assert _no_sandbox_processes_left()
+        assert _no_sandbox_processes_left(r)
 
 
 def test_output_is_truncated() -> None:
