@@ -52,7 +52,8 @@ def test_infinite_loop_times_out_and_is_killed() -> None:
 
 def test_cpu_limit() -> None:
     r = run_python("while True:\n    pass\n", timeout_s=10, cpu_s=1)
-    assert r.error_kind == "cpu" and r.duration_s < 5
+    # Killed by the CPU limit, well before the wall timeout (a loaded machine stretches the wall time).
+    assert r.error_kind == "cpu" and r.duration_s < 9
 
 
 def test_fork_bomb_is_contained() -> None:
