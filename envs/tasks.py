@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from envs.base import Environment
 
 MAX_TASKS_FILE_BYTES = 256 * 1024 * 1024
+# A run's task count is bounded: task generators build their lists whole, and nobody means 10^12.
+MAX_TASKS = 1_000_000
 
 
 class TaskFileError(ValueError):
@@ -38,7 +40,7 @@ class TaskSourceConfig(BaseModel):
 
     source: str = Field("env", description="env (the environment's generator), jsonl, tau2, or a registered source")
     path: str | None = Field(None, description="file of the source (jsonl, tau2 tasks.json); pkg://package/path allowed")
-    n: int | None = Field(None, ge=1, description="at most this many tasks (env: how many to generate, default 8)")
+    n: int | None = Field(None, ge=1, le=MAX_TASKS, description="at most this many tasks (env: how many to generate, default 8)")
     seed: int = Field(0, description="seed of a task generator")
     ids: list[str] | None = Field(None, description="keep only these task ids")
     split: str | None = Field(None, description="a named split of the source (tau2: train / test)")

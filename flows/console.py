@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import NoReturn
 
 import typer
@@ -14,3 +17,16 @@ err_console = Console(stderr=True, soft_wrap=True)
 def fail(message: str, code: int = 1) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def beam_errors_reported_once() -> Iterator[None]:
+    """Silence Beam's own error logs while a command runs a pipeline: a failed bundle is logged
+    with its traceback by several of Beam's loggers, then raised; the command reports it in one line."""
+    beam = logging.getLogger("apache_beam")
+    level = beam.level
+    beam.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        beam.setLevel(level)

@@ -32,7 +32,7 @@ class RichProgress:
     def __exit__(self, *exc: Any) -> None:
         self._progress.stop()
 
-    def start(self, total: int, completed: int = 0) -> None:
+    def start(self, total: int | None, completed: int = 0) -> None:
         self._task = self._progress.add_task(self._description, total=total, completed=completed)
 
     def advance(self, n: int = 1) -> None:

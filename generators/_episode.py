@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from envs.base import ACTION_KINDS, Environment, Evaluation, Task
-from generators.agent import AgentPolicy
+from generators.agent import TRUNCATED, AgentPolicy
 from schemas.models import Action, Step, TextObservation
 
 PARSE_ERROR = (
@@ -174,10 +174,5 @@ async def continue_episode(
 
 
 def failure_class(error: str) -> str:
-    """A stable class of a failed step's reason, for counts: 'truncated answer', 'not JSON', ..."""
-    head = error.split("(")[0].split(":")[0].strip().lower()
-    if "truncat" in head:
-        return "truncated answer"
-    if "not json" in head or "not a json" in head:
-        return "arguments not JSON"
-    return head[:40] or "unreadable"
+    """The class of a failed step's reason, for counts: an answer cut off at the token limit, or one not readable."""
+    return "truncated" if error.startswith(TRUNCATED) else "unreadable"

@@ -20,16 +20,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator, Sized
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import LLM
 from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
+from envs.tasks import MAX_TASKS
 from schemas.store import Dataset
 
 log = logging.getLogger("trajforge.generators")
+
+
 
 
 def trajforge_version() -> str:
@@ -56,6 +59,9 @@ class MethodConfig(BaseModel):
     """Settings every method has; each method's config model extends it."""
 
     model_config = ConfigDict(extra="forbid")
+    # Left out of the output hash: they change how a run goes, not what it writes (pydantic's
+    # nested `exclude` form; methods extend it).
+    runtime_fields: ClassVar[dict[str, Any]] = {"concurrency": True, "unit_tasks": True, "cache": True}
 
     method: str
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="llamacpp", max_tokens=256))
@@ -67,7 +73,7 @@ class MethodConfig(BaseModel):
 
     def output_hash(self) -> str:
         """Hash of what determines the output; throughput knobs are left out on purpose."""
-        data = self.model_dump(mode="json", exclude={"concurrency", "unit_tasks", "cache"})
+        data = self.model_dump(mode="json", exclude=self.runtime_fields)
         data["llm"] = {k: v for k, v in data["llm"].items() if k not in _LLM_RUNTIME_KEYS}
         if data.get("judge", {}).get("llm"):
             data["judge"]["llm"] = {k: v for k, v in data["judge"]["llm"].items() if k not in _LLM_RUNTIME_KEYS}
@@ -195,17 +201,22 @@ class GenerationMethod(ABC):
         self.prepare(output)
         await self.setup()
         summary = RunSummary(self.name)
-        pending: list[TaskSpec] = []
-        for task in tasks:
-            summary.tasks += 1
-            if task.id in done:
-                summary.skipped += 1
-            else:
-                pending.append(task)
         if progress is not None:
-            progress.start(total=summary.tasks, completed=summary.skipped)
+            progress.start(total=len(tasks) if isinstance(tasks, Sized) else None)
+
+        def pending() -> Iterator[TaskSpec]:
+            # Streamed: tasks are drawn as workers free up, never held as a whole list.
+            for task in tasks:
+                summary.tasks += 1
+                if task.id in done:
+                    summary.skipped += 1
+                    if progress is not None:
+                        progress.advance()
+                    continue
+                yield task
+
         buffer: list[tuple[TaskSpec, TaskResult]] = []
-        queue: Iterator[TaskSpec] = iter(pending)
+        queue: Iterator[TaskSpec] = pending()
         lock = asyncio.Lock()
 
         async def worker() -> None:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Iterable, Literal
 from pydantic import BaseModel, Field
 
 from envs.base import Task
-from generators.base import RunSummary, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.mcts import MCTS, SearchConfig
 from generators.registry import register_method
@@ -50,7 +50,7 @@ class EvolvedTask(BaseModel):
 class CurriculumConfig(EnvMethodConfig):
     method: Literal["curriculum"] = "curriculum"
     requires: ClassVar[frozenset[str]] = frozenset({"generator"})
-    candidates: int = Field(32, ge=1, description="environment tasks (another seed) evolution may map to")
+    candidates: int = Field(32, ge=1, le=MAX_TASKS, description="environment tasks (another seed) evolution may map to")
     rollouts: int = Field(4, ge=2)
     band: tuple[float, float] = Field((0.0, 1.0), description="keep tasks whose mean reward is strictly inside")
     generations: int = Field(1, ge=0, description="evolution rounds after the seed round")

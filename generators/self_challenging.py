@@ -48,7 +48,7 @@ from pydantic import BaseModel, Field
 from backends.errors import LLMRequestError
 from envs.base import Environment, Task
 from generators.agent import AgentPolicy
-from generators.base import TaskResult, TaskSpec
+from generators.base import MAX_TASKS, MethodConfig, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from generators._episode import play_episode
@@ -100,12 +100,16 @@ class SandboxLimits(BaseModel):
     timeout_s: float = Field(5.0, gt=0, description="wall-clock limit per verifier run")
     cpu_s: int = Field(10, ge=1, description="CPU-seconds limit (reported as a timeout too)")
     memory_mb: int = Field(512, ge=32)
+    unsafe_no_sandbox: bool = Field(False, description="run verifiers without bubblewrap where it is missing "
+                                                       "(seccomp, rlimits and in-process guards only); warns each run")
 
 
 class SelfChallengingConfig(EnvMethodConfig):
+    runtime_fields: ClassVar[dict[str, Any]] = {**MethodConfig.runtime_fields, "sandbox": {"unsafe_no_sandbox": True}}
+
     method: Literal["self_challenging"] = "self_challenging"
     requires: ClassVar[frozenset[str]] = frozenset({"state"})
-    challenges: int = Field(8, ge=1, description="challenges to write (one task each)")
+    challenges: int = Field(8, ge=1, le=MAX_TASKS, description="challenges to write (one task each)")
     explore_calls: int = Field(3, ge=0)
     example_tasks: int = Field(2, ge=0, description="generated requests shown to the challenger as starting points")
     max_observation_chars: int = Field(1500, ge=100)
@@ -238,7 +242,7 @@ def run_verifier(code: str, state: Any, limits: SandboxLimits | None = None, *, 
         return Verdict(passed=False, error=f"verifier rejected: {problem}")
     limits = limits or SandboxLimits()
     result = run_python(code, entry="verify", args=[state], timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
-                        memory_mb=limits.memory_mb)
+                        memory_mb=limits.memory_mb, unsafe_no_sandbox=limits.unsafe_no_sandbox)
     return verdict_from_sandbox(result)
 
 
@@ -262,6 +266,10 @@ class SelfChallenging(EnvMethod):
             yield TaskSpec(id=f"challenge-{i:04d}", payload={"index": i})
 
     def prepare(self, output: Dataset) -> None:
+        from envs.sandbox import require_sandbox
+
+        # Before any model call: verifiers are generated code and run only in the sandbox.
+        require_sandbox(unsafe_no_sandbox=self.config.sandbox.unsafe_no_sandbox)
         self._tasks_path = Path(output.path) / TASKS_FILE
         if self._tasks_path.exists():
             for line in self._tasks_path.read_text(encoding="utf-8").splitlines():

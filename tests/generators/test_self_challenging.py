@@ -173,3 +173,38 @@ def test_self_challenging_end_to_end(tmp_path, monkeypatch):
     assert [r["id"] for r in rows] == ["retail-s0-challenge-0000"]
     assert rows[0]["instruction"] == INSTRUCTION and rows[0]["verifier"] == STRICT and rows[0]["env_config"] == {}
     assert not list(out.glob(".tasks-*"))
+
+
+def test_without_bubblewrap_the_cli_refuses_before_any_model_call_unless_unsafe(tmp_path, monkeypatch):
+    """Generated code never runs outside the OS sandbox by default: one line says how to install it;
+    `--unsafe-no-sandbox` runs anyway, with a warning, and the inner walls still contain the code."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.setenv("TRAJFORGE_BWRAP", str(tmp_path / "no-bwrap"))
+    listener = Listener()
+    try:
+        with FakeServer(rules=[Rule(fn=_script(listener.port))]) as server:
+            config = tmp_path / "sc.yaml"
+            config.write_text(yaml.safe_dump({
+                "challenges": 2, "rollouts": 1, "max_steps": 3, "verifier_lint": False,
+                "sandbox": {"timeout_s": 2, "cpu_s": 10, "memory_mb": 256},
+                "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                        "max_retries": 0, "request_timeout_s": 5}}))
+            args = ["generate", "--method", "self_challenging", "--config", str(config)]
+            refused = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "refused")])
+            calls_when_refused = len(server.asked())
+            unsafe = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "unsafe"), "--unsafe-no-sandbox"])
+    finally:
+        listener.close()
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    (line,) = [ln for ln in refused.output.splitlines() if ln.startswith("error:")]
+    assert "bubblewrap" in line and "apt-get install bubblewrap" in line and "--unsafe-no-sandbox" in line
+    assert calls_when_refused == 0
+    assert unsafe.exit_code == 0, unsafe.output
+    assert "warning: UNSAFE" in unsafe.output and "WITHOUT the OS sandbox" in unsafe.output
+    assert listener.accepted == 0
+    reasons = {f.record.provenance.task_id: f.decision.reason for f in Dataset.open(tmp_path / "unsafe").iter_records("filtered")}
+    assert reasons["challenge-0001"] == "solution fails verifier: verify returned False"  # verifiers really ran
