@@ -414,20 +414,19 @@ class SelfChallenging(EnvMethod):
 
     async def _explore(self, index: int, challenge_id: str) -> tuple[list[Step], str]:
         """The challenger's exploration episode: (its steps, what a verifier can read, in words)."""
-        explore_task = self._task(f"{challenge_id}-explore", "")
         async with self.make_env() as env:
             env.user = None  # the challenger explores the tools; no customer answers it
             state_info = STATE_BY_CALLS
             if self.state_mode == "env":
-                await env.reset(explore_task)
+                await env.reset(self._task(f"{challenge_id}-explore", ""))
                 state_info = STATE_SHAPE.format(shape=_state_shape(env_state(env)))
+            if not self.config.explore_steps:
+                return [], state_info
             instruction = EXPLORE_USER.format(index=index + 1, examples=self._example_text(index), state_info=state_info)
             challenger = AgentPolicy(self.llm, self.tools, mode=self.config.agent_mode,
                                      temperature=self.config.challenger_temperature,
                                      system=EXPLORE_SYSTEM.format(env=self.config.env, n=self.config.explore_steps))
-            if not self.config.explore_steps:
-                return [], state_info
-            episode = await play_episode(env, challenger, explore_task.model_copy(update={"instruction": instruction}),
+            episode = await play_episode(env, challenger, self._task(f"{challenge_id}-explore", instruction),
                                          max_steps=self.config.explore_steps,
                                          max_parse_failures=self.config.max_parse_failures, evaluate=False)
         return episode.steps, state_info
