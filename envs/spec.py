@@ -46,13 +46,17 @@ class EnvSpec(BaseModel):
 
     @model_validator(mode="after")
     def _known_env_and_keys(self) -> EnvSpec:
-        """A config names a registered environment and only settings it takes (checked before any run)."""
-        try:
-            cls = env_class(self.env)
-        except KeyError as exc:
-            raise ValueError(str(exc.args[0])) from None
-        check_env_config(self.env, cls, self.env_config)
+        check_env(self.env, self.env_config)
         return self
+
+
+def check_env(name: str, config: dict[str, Any]) -> None:
+    """A config names a registered environment and only settings it takes (checked before any run)."""
+    try:
+        cls = env_class(name)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    check_env_config(name, cls, config)
 
 
 def check_env_config(name: str, cls: Any, config: dict[str, Any]) -> None:

@@ -108,7 +108,19 @@ def print_summary(summary: RunSummary) -> None:
             table.add_row(f"  failed steps ({key.split(':', 1)[1]} answer)", str(n))
     for reason, n in sorted(data["rejected_by_reason"].items()):
         table.add_row(f"  rejected: {reason}", str(n))
+    for name, value in data["report"].items():
+        table.add_row(name, _measure(value))
     llm = data["llm"]
     for key in ("calls", "cache_hits", "retries", "failures", "truncated", "prompt_tokens", "completion_tokens"):
         table.add_row(f"LLM {key.replace('_', ' ')}", f"{llm.get(key, 0):,}")
+    judge = llm.get("judge") or {}
+    for key in ("calls", "cache_hits", "failures") if judge else ():
+        table.add_row(f"judge LLM {key.replace('_', ' ')}", f"{judge.get(key, 0):,}")
     console.print(table)
+
+
+def _measure(value: object) -> str:
+    """A measurement for one summary cell: `key value` pairs for a mapping, the value itself otherwise."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {'n/a' if v is None else v}" for k, v in value.items())
+    return str(value)

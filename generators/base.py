@@ -131,6 +131,8 @@ class RunSummary:
     counts: Counter[str] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
     llm: dict[str, Any] = field(default_factory=dict)
+    # What a method measured over the whole output, by name (e.g. a judge's agreement with ground truth).
+    report: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -141,6 +143,7 @@ class RunSummary:
             "counts": dict(self.counts),
             "rejected_by_reason": dict(self.reasons),
             "llm": self.llm,
+            "report": self.report,
         }
 
 
@@ -168,6 +171,12 @@ class GenerationMethod(ABC):
             log.warning("%s: the judge is the acting model itself (%s:%s); set judge.llm to grade with another",
                         self.name, self.config.llm.backend, self.config.llm.model)
         return self.llm
+
+    @property
+    def judge_name(self) -> str:
+        """The grading model as `backend:model`, for the verdicts records carry."""
+        cfg = self.judge_llm.config
+        return f"{cfg.backend}:{cfg.model}"
 
     @abstractmethod
     def tasks(self) -> Iterable[TaskSpec]:

@@ -40,7 +40,6 @@ SOLVING = {"rollout", "mcts_splice", "curriculum"}
 
 # What a method cannot do in a world, as the refusal must name it.
 REFUSALS: dict[tuple[str, str], str] = {
-    ("self_challenging", "simulated"): "needs a state a verifier can read",
     ("ui_simulator", "retail"): "needs web pages to explore",
     ("ui_simulator", "simulated"): "needs web pages to explore",  # tool mode; web mode has pages
     ("tutorial_replay", "simulated"): "simulated has none",
