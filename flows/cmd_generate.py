@@ -11,9 +11,9 @@ import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
+from envs.tasks import TaskFileError, TaskSourceConfig
 from flows.console import console, fail
 from flows.progress import RichProgress
-from generators._episode import TaskFileError
 from generators.base import RunSummary
 from generators.registry import all_methods
 from generators.runner import generate as run_generation
@@ -26,6 +26,8 @@ def generate(
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config of the method.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Output dataset directory.")] = Path("out/generated"),
     overwrite: Annotated[bool, typer.Option(help="Start the output afresh.")] = False,
+    allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="Allow tasks of a benchmark's test "
+                                                   "split (refused by default: no training on test tasks).")] = False,
 ) -> None:
     """Generate trajectories with one method; resumes a killed run of the same config."""
     data = {}
@@ -42,6 +44,10 @@ def generate(
         fail(str(exc.args[0]))
     except (ValueError, ValidationError) as exc:
         fail(f"{config or 'config'}: {exc}".replace("\n", "; "))
+    if allow_test_split:
+        if not isinstance(getattr(cfg, "tasks", None), TaskSourceConfig):
+            fail(f"--allow-test-split: method {cfg.method} takes no tasks from a task source")
+        cfg = cfg.model_copy(update={"tasks": cfg.tasks.model_copy(update={"allow_test_split": True})})
     console.print(f"[bold]generate[/] {cfg.method} with {cfg.llm.backend}:{cfg.llm.model} -> {output}")
     try:
         with RichProgress(f"{cfg.method} tasks") as progress:
