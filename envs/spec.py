@@ -50,6 +50,10 @@ class EnvFactory:
 
     def __init__(self, spec: EnvSpec, llm: LLM | None = None, output: Path | None = None) -> None:
         self.spec = spec.env_spec()
+        if "from_mcp" in self.spec.env_config:  # a simulation of a real MCP server: its tools and policy
+            from envs.mcp.simulate import simulated_from_mcp
+
+            self.spec = self.spec.model_copy(update={"env_config": simulated_from_mcp(self.spec.env_config)})
         self.llm = llm
         self.output = output
         self._own: dict[str, LLM] = {}
@@ -89,6 +93,8 @@ class EnvFactory:
         config = dict(self.spec.env_config)
         if getattr(self.cls, "needs_llm", False) and not isinstance(config.get("llm"), LLM):
             config["llm"] = self._llm_for("env", config.get("llm"))
+        if isinstance(config.get("judge"), dict):  # judge: {} is the method's model, judge: {llm: ...} its own
+            config["judge"] = self._llm_for("judge", config["judge"].get("llm"))
         env = make_env(self.spec.env, **config)
         user = self.spec.user
         if user.kind == "none":
