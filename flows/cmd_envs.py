@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
@@ -18,7 +17,7 @@ from envs.registry import available_envs, env_class
 from envs.spec import EnvFactory, EnvSpec
 from envs.tasks import TaskFileError, load_tasks
 from envs.users import UserConfig
-from flows.console import console, err_console, fail
+from flows.console import console, err_console, fail, read_config
 from flows.progress import RichProgress
 
 app = typer.Typer(help="Environments: list them, check one before a run.", no_args_is_help=False,
@@ -59,7 +58,7 @@ def check(
                                                                 "(default: no user).")] = False,
 ) -> None:
     """Replay each task's reference solution and a do-nothing agent; exit 1 unless the environment is healthy."""
-    data = _read(config)
+    data = read_config(config)
     try:
         spec = EnvSpec.model_validate({k: data[k] for k in ("env", "env_config", "tasks", "user") if k in data})
     except ValidationError as exc:
@@ -79,16 +78,6 @@ def check(
         _print(report)
     if not report.healthy:
         raise typer.Exit(1)
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        fail(f"{path}: cannot read config ({exc})")
-    if not isinstance(data, dict):
-        fail(f"{path}: a config is a YAML mapping, not {type(data).__name__}")
-    return data
 
 
 async def _run(spec: EnvSpec, llm_config: Any, concurrency: int) -> CheckReport:

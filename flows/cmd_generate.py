@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
 from envs.tasks import TaskFileError, TaskSourceConfig
-from flows.console import console, fail
+from flows.console import console, fail, read_config
 from flows.progress import RichProgress
 from generators.base import RunSummary
 from generators.registry import all_methods
@@ -30,14 +29,7 @@ def generate(
                                                    "split (refused by default: no training on test tasks).")] = False,
 ) -> None:
     """Generate trajectories with one method; resumes a killed run of the same config."""
-    data = {}
-    if config is not None:
-        try:
-            data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            fail(f"{config}: cannot read config ({exc})")
-        if not isinstance(data, dict):
-            fail(f"{config}: a config is a YAML mapping, not {type(data).__name__}")
+    data = read_config(config) if config is not None else {}
     try:
         cfg = load_config(data, method)
     except KeyError as exc:
