@@ -151,7 +151,7 @@ def _from_jsonl(config: TaskSourceConfig, env_name: str, env: Environment | None
 
 
 # Sources that live in their own modules; they register on import.
-_PLUGINS: tuple[str, ...] = ()
+_PLUGINS: tuple[str, ...] = ("envs.tau2",)
 
 
 def _load_plugins() -> None:

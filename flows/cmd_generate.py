@@ -11,11 +11,11 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from envs.sandbox import SandboxUnavailable, sandbox_problem
-from flows.config_file import ConfigFileError, read_config
-from flows.console import console, err_console, fail
+from envs.tasks import TaskFileError, TaskSourceConfig
+from flows.config_file import ConfigFileError
+from flows.console import console, err_console, fail, read_config_mapping
 from flows.preflight import check_generate_config
 from flows.progress import RichProgress
-from envs.tasks import TaskFileError
 from generators.base import RunSummary
 from generators.registry import all_methods
 from generators.runner import generate as run_generation
@@ -31,16 +31,11 @@ def generate(
     unsafe_no_sandbox: Annotated[bool, typer.Option(
         "--unsafe-no-sandbox", help="Where bubblewrap is missing, run generated code (verifiers) with only "
                                     "seccomp, rlimits and in-process guards. Unsafe: warns every run.")] = False,
+    allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="Allow tasks of a benchmark's test "
+                                                   "split (refused by default: no training on test tasks).")] = False,
 ) -> None:
     """Generate trajectories with one method; resumes a killed run of the same config."""
-    data = {}
-    if config is not None:
-        try:
-            data = read_config(config) or {}
-        except ConfigFileError as exc:
-            fail(str(exc))
-        if not isinstance(data, dict):
-            fail(f"{config}: a config is a YAML mapping, not {type(data).__name__}")
+    data = read_config_mapping(config) if config is not None else {}
     try:
         cfg = load_config(data, method)
     except KeyError as exc:
@@ -50,6 +45,10 @@ def generate(
             f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()))
     except ValueError as exc:
         fail(f"{config or 'config'}: {exc}".replace("\n", "; "))
+    if allow_test_split:
+        if not isinstance(getattr(cfg, "tasks", None), TaskSourceConfig):
+            fail(f"--allow-test-split: method {cfg.method} takes no tasks from a task source")
+        cfg = cfg.model_copy(update={"tasks": cfg.tasks.model_copy(update={"allow_test_split": True})})
     try:
         check_generate_config(cfg, str(config or "config"))
     except ConfigFileError as exc:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -30,3 +31,16 @@ def beam_errors_reported_once() -> Iterator[None]:
         yield
     finally:
         beam.setLevel(level)
+
+
+def read_config_mapping(path: Path) -> dict[str, Any]:
+    """A YAML config file as a mapping (bounded in size, depth and aliases), or one line naming the problem."""
+    from flows.config_file import ConfigFileError, read_config
+
+    try:
+        data = read_config(path) or {}
+    except ConfigFileError as exc:
+        fail(str(exc))
+    if not isinstance(data, dict):
+        fail(f"{path}: a config is a YAML mapping, not {type(data).__name__}")
+    return data

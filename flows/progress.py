@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from flows.console import console
@@ -12,7 +13,7 @@ from flows.console import console
 class RichProgress:
     """`start(total, completed)` / `advance(n)`; use as a context manager around the work."""
 
-    def __init__(self, description: str):
+    def __init__(self, description: str, console: Console = console):
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),

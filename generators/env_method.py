@@ -60,6 +60,9 @@ class EnvMethod(GenerationMethod):
         self._tasks: dict[str, Task] | None = None
         self._tools: list[Tool] | None = None
         self._policy_text: str | None = None
+        # One started environment held for the whole run: worlds that share resources between their
+        # instances (an MCP server pool, a browser) keep them alive across episodes instead of restarting.
+        self._anchor: Environment | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -68,17 +71,26 @@ class EnvMethod(GenerationMethod):
         self.envs.judge = self.judge_model
 
     async def setup(self) -> None:
-        """Read the tools and the policy from a started environment (once per run; an MCP server lists them)."""
-        if self._tools is None:
-            async with self.envs.make() as env:
-                self._tools = env.tools()
-                self._policy_text = env.policy
+        """Start the run's anchor environment and read its tools and policy (an MCP server lists them)."""
+        if self._anchor is None:
+            anchor = self.envs.make()
+            await anchor.start()
+            self._anchor = anchor
+            self._tools = anchor.tools()
+            self._policy_text = anchor.policy
 
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         try:
             return await super().run(tasks, output, progress=progress)
         finally:
-            await self.envs.aclose()
+            await self.teardown()
+
+    async def teardown(self) -> None:
+        """Release the anchor environment and the models the environments made."""
+        anchor, self._anchor = self._anchor, None
+        if anchor is not None:
+            await anchor.close()
+        await self.envs.aclose()
 
     def env_tasks(self) -> dict[str, Task]:
         """The run's tasks by id, from the config's task source (loaded once)."""
