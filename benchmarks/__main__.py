@@ -140,6 +140,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("export", "benchmarks.export", ("--sizes", "10000,30000,100000"), ("--sizes", "100000,300000,1000000"),
               extract=export_rows),
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
+    Benchmark("envs_browser", "benchmarks.envs_browser", ("--steps", "120", "--episodes", "16"),
+              ("--steps", "600", "--episodes", "64")),
 )
 
 

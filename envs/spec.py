@@ -87,8 +87,13 @@ class EnvFactory:
 
     def make(self) -> Environment:
         config = dict(self.spec.env_config)
-        if getattr(self.cls, "needs_llm", False) and not isinstance(config.get("llm"), LLM):
-            config["llm"] = self._llm_for("env", config.get("llm"))
+        if not isinstance(config.get("llm"), LLM):
+            if getattr(self.cls, "needs_llm", False):
+                config["llm"] = self._llm_for("env", config.get("llm"))
+            elif getattr(self.cls, "accepts_llm", False) and (config.get("llm") is not None or self.llm is not None):
+                config["llm"] = self._llm_for("env", config.get("llm"))  # optional (a judge): given where there is one
+        if getattr(self.cls, "writes_files", False) and self.output is not None:
+            config.setdefault("output_dir", str(self.output))  # files the records point to (screenshots)
         env = make_env(self.spec.env, **config)
         user = self.spec.user
         if user.kind == "none":
@@ -126,3 +131,6 @@ class EnvFactory:
         own, self._own = self._own, {}
         for llm in own.values():
             await llm.aclose()
+        release = getattr(self.cls, "release_shared", None)  # e.g. a browser kept up between episodes
+        if release is not None:
+            await release()
