@@ -16,6 +16,7 @@ from envs.browser.page import BID_ATTR
 from envs.toolspec import ToolSpec, obj
 
 FINAL_ANSWER = "send_msg_to_user"
+NAVIGATIONS = frozenset({"goto", "go_back"})  # given the navigation timeout, not the action timeout
 SCROLL_FRACTION = 0.8  # one scroll moves this much of the viewport, so some context stays in view
 ALLOWED_SCHEMES = ("http", "https")
 MAX_WAIT_S = 10
@@ -146,6 +147,8 @@ def describe_failure(function: str, arguments: dict[str, Any], exc: Exception, t
     """One line on why Playwright refused an action, without its call log."""
     target = f" [{arguments['bid']}]" if "bid" in arguments else ""
     if type(exc).__name__ == "TimeoutError":
+        if function in NAVIGATIONS:
+            return f"{function}: the page did not load within {timeout_ms / 1000:g} s"
         return (f"{function}{target} did not finish within {timeout_ms / 1000:g} s (the element may be covered by "
                 "another one, or still moving)")
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

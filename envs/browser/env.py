@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import urljoin, urlsplit
 
+from playwright.async_api import Error as PlaywrightError
+
 from envs.base import Environment, EnvError, Evaluation, StepResult, Task, UserSimulator, action_kind, refused
 from envs.browser import miniwob, sites
-from envs.browser.actions import FINAL_ANSWER, TOOL_SPECS, ActionFailed, describe_failure
+from envs.browser.actions import FINAL_ANSWER, NAVIGATIONS, TOOL_SPECS, ActionFailed, describe_failure
 from envs.browser.chromium import SharedBrowser, close_idle_browsers, find_chromium, shared_browser
 from envs.browser.page import AFTER_ACTION_JS, WATCH_POPUPS_JS, axtree_text, cap_html, mark_elements
 from envs.browser.server import serve_directory
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from backends.base import LLM
 
 OBSERVABLE = ("axtree", "html", "screenshot")
+NAVIGATION_SHARE = 0.8  # of step_timeout_s, for goto and go_back
 PROBE_S = 2.0  # how long a page may take to run `1` before it counts as hung
 SOLVER_ROUNDS = 20
 log = logging.getLogger(__name__)
@@ -110,6 +113,8 @@ class BrowserEnv(Environment):
         self.max_html_chars = max_html_chars
         self.step_timeout_s = step_timeout_s
         self.action_timeout_ms = 1000 * min(action_timeout_s, step_timeout_s)
+        # A page slow to load is the action's failure (an Error: observation), before it is the step's (EnvError).
+        self.navigation_timeout_ms = 1000 * NAVIGATION_SHARE * step_timeout_s
         self.episode_timeout_s = episode_timeout_s
         self.max_contexts = max_contexts
         self.browser_idle_s = browser_idle_s
@@ -156,6 +161,10 @@ class BrowserEnv(Environment):
     def tools(self) -> list[Tool]:
         return [s.tool() for s in TOOL_SPECS.values()]
 
+    def generate_tasks(self, n: int, seed: int = 0) -> list[Task]:
+        raise NotImplementedError("the browser environment takes its tasks from a source: "
+                                  "tasks: {source: miniwob, options: {tasks: [...]}} or {source: sites, path: ...}")
+
     # ---- episodes -------------------------------------------------------------------------------
 
     async def _reset(self, task: Task) -> Observation | None:
@@ -174,7 +183,7 @@ class BrowserEnv(Environment):
             self._context = await self._shared.new_context(viewport=self.viewport, accept_downloads=False)
             async with asyncio.timeout(self.step_timeout_s):
                 self._context.set_default_timeout(self.action_timeout_ms)
-                self._context.set_default_navigation_timeout(1000 * self.step_timeout_s)
+                self._context.set_default_navigation_timeout(self.navigation_timeout_ms)
                 await self._context.add_init_script(WATCH_POPUPS_JS)
                 await self._use_page(await self._context.new_page())
                 await self._page.goto(url)
@@ -236,14 +245,14 @@ class BrowserEnv(Environment):
         try:
             async with asyncio.timeout(self.step_timeout_s):
                 known = list(self._context.pages)
+                timeout_ms = self.navigation_timeout_ms if action.function in NAVIGATIONS else self.action_timeout_ms
                 try:
-                    await TOOL_SPECS[action.function].fn(self._page, self.action_timeout_ms, **action.arguments)
+                    await TOOL_SPECS[action.function].fn(self._page, timeout_ms, **action.arguments)
                 except ActionFailed as exc:
                     return refused(action, str(exc))
                 except Exception as exc:  # noqa: BLE001 - Playwright's errors: the element's, or a dead page's
                     await self._check_alive(exc)
-                    return refused(action, describe_failure(action.function, action.arguments, exc,
-                                                            self.action_timeout_ms))
+                    return refused(action, describe_failure(action.function, action.arguments, exc, timeout_ms))
                 wob = await self._settle(known)
                 if self.task is not None and miniwob.is_miniwob(self.task):
                     info["miniwob"] = miniwob.state_of(wob) if wob is not None else miniwob.LEFT_THE_PAGE
@@ -346,6 +355,8 @@ class BrowserEnv(Environment):
                                              self.step_timeout_s)
         except TimeoutError:
             raise EnvError(f"the page did not answer the evaluation within {self.step_timeout_s:g} s") from None
+        except PlaywrightError as exc:
+            raise EnvError(f"could not evaluate the page: {_first_line(exc)}") from None
 
     # ---- reference solutions --------------------------------------------------------------------
 
@@ -377,7 +388,7 @@ class BrowserEnv(Environment):
                 axtree = last.axtree if isinstance(last, WebObservation) and last.axtree else await self.axtree()
                 try:
                     batch = solver(self.page_instruction or task.instruction, axtree)
-                except (LookupError, AssertionError, ValueError) as exc:
+                except (LookupError, ValueError) as exc:
                     log.warning("reference solver for %s stopped: %s", task.id, exc)
                     break
                 if not batch or batch == previous:

@@ -62,6 +62,14 @@ def parse_axtree(text: str) -> list[Node]:
     return nodes
 
 
+def found(pattern: str, text: str) -> str:
+    """The first group of `pattern` in `text`; LookupError when the page says something else."""
+    m = re.search(pattern, text)
+    if m is None:
+        raise LookupError(f"{pattern!r} not in {text!r}")
+    return m.group(1)
+
+
 def quoted(instruction: str) -> list[str]:
     return re.findall(r'"([^"]*)"', instruction)
 
@@ -103,9 +111,7 @@ def click_test(instruction: str, axtree: str) -> list[Action]:
 
 
 def click_test_2(instruction: str, axtree: str) -> list[Action]:
-    name = re.search(r"button (\w+)", instruction)
-    assert name is not None
-    return [click(first(parse_axtree(axtree), "button", name.group(1)).bid)]
+    return [click(first(parse_axtree(axtree), "button", found(r"button (\w+)", instruction)).bid)]
 
 
 def click_link(instruction: str, axtree: str) -> list[Action]:
@@ -117,16 +123,12 @@ def click_dialog(instruction: str, axtree: str) -> list[Action]:
 
 
 def click_tab(instruction: str, axtree: str) -> list[Action]:
-    tab = re.search(r"Tab #\d+", instruction)
-    assert tab is not None
-    return [click(first(parse_axtree(axtree), "link", tab.group(0)).bid)]
+    return [click(first(parse_axtree(axtree), "link", found(r"(Tab #\d+)", instruction)).bid)]
 
 
 def _selected_names(instruction: str) -> list[str]:
     """'Select A, B and click Submit.' -> [A, B]; 'Select nothing and click Submit.' -> []."""
-    m = re.match(r"Select (.*?) and click Submit", instruction)
-    assert m is not None
-    what = m.group(1)
+    what = found(r"^Select (.*?) and click Submit", instruction)
     return [] if what == "nothing" else [w.strip() for w in what.split(",") if w.strip()]
 
 
@@ -153,10 +155,9 @@ def click_widget(instruction: str, axtree: str) -> list[Action]:
 
 
 def choose_list(instruction: str, axtree: str) -> list[Action]:
-    m = re.match(r"Select (.*) from the list", instruction)
-    assert m is not None
     nodes = parse_axtree(axtree)
-    return [ApiAction(function="select_option", arguments={"bid": first(nodes, "combobox").bid, "options": m.group(1)}),
+    option = found(r"^Select (.*) from the list", instruction)
+    return [ApiAction(function="select_option", arguments={"bid": first(nodes, "combobox").bid, "options": option}),
             click(first(nodes, "button", "Submit").bid)]
 
 
@@ -191,9 +192,8 @@ def focus_text(instruction: str, axtree: str) -> list[Action]:
 
 
 def focus_text_2(instruction: str, axtree: str) -> list[Action]:
-    m = re.search(r"(\d(?:st|nd|rd|th)) input", instruction)
-    assert m is not None
-    return [click(all_of(parse_axtree(axtree), "textbox")[_ORDINAL[m.group(1)]].bid)]
+    ordinal = found(r"(\d(?:st|nd|rd|th)) input", instruction)
+    return [click(all_of(parse_axtree(axtree), "textbox")[_ORDINAL[ordinal]].bid)]
 
 
 def use_autocomplete(instruction: str, axtree: str) -> list[Action]:
