@@ -29,7 +29,7 @@ import asyncio
 import json
 import math
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal, Sequence, Union
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Iterator, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -202,15 +202,15 @@ async def run_check(check: Check, page: Any, answer: str | None) -> tuple[float,
     raise TypeError(f"not a page check: {check.type}")
 
 
-async def _judge(check: JudgeCheck, page: Any, task: Task, history: Sequence[Step], answer: str | None,
-                 judge: LLM | None, axtree: Any) -> tuple[float, bool, str]:
+async def _judge(check: JudgeCheck, url: str, page_text: str, task: Task, history: Sequence[Step], answer: str | None,
+                 judge: LLM | None) -> tuple[float, bool, str]:
+    """The judge model's verdict on the episode, from the task, the action log and the final page's text."""
     if judge is None:
         raise EnvError(f"task {task.id} is judged by an LLM: give the browser environment a model "
                        "(env_config.llm, or run it from a method)")
-    page_text = await axtree()
     prompt = JUDGE_USER.format(
         instruction=task.instruction, criteria=f"\nSuccess criteria: {check.criteria}\n" if check.criteria else "",
-        log=action_log(history)[-JUDGE_LOG_CHARS:] or "(no action)", answer=answer or "(none)", url=page.url,
+        log=action_log(history)[-JUDGE_LOG_CHARS:] or "(no action)", answer=answer or "(none)", url=url,
         axtree=page_text[:JUDGE_PAGE_CHARS])
     verdict = await judge.structured([{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}],
                                      Verdict)
@@ -235,12 +235,14 @@ def action_log(history: Sequence[Step]) -> str:
 
 
 async def evaluate_site(task: Task, page: Any, history: Sequence[Step], answer: str | None, judge: LLM | None,
-                        axtree: Any, timeout_s: float) -> Evaluation:
-    """All the task's checks on the final page; each page check is bounded by `timeout_s` (the judge is not)."""
+                        axtree: Callable[[], Awaitable[str]], timeout_s: float) -> Evaluation:
+    """All the task's checks on the final page; reading the page is bounded by `timeout_s` (the judge model is not)."""
     results = []
     for check in checks_of(task):
         if isinstance(check, JudgeCheck):
-            reward, passed, why = await _judge(check, page, task, history, answer, judge, axtree)
+            async with asyncio.timeout(timeout_s):
+                url, page_text = page.url, await axtree()
+            reward, passed, why = await _judge(check, url, page_text, task, history, answer, judge)
         else:
             async with asyncio.timeout(timeout_s):
                 reward, passed, why = await run_check(check, page, answer)

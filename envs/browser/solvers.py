@@ -25,7 +25,6 @@ Solver = Callable[[str, str], list[Action]]
 
 _LINE = re.compile(r"""^(\t*)(?:\[([^\]]+)\] )?(\S+)(?: ('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"))?(.*)$""")
 _VALUE = re.compile(r"""^ value=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
-_ORDINAL = {"1st": 0, "2nd": 1, "3rd": 2, "4th": 3, "5th": 4}
 
 
 @dataclass(frozen=True)
@@ -100,18 +99,10 @@ def click_button(instruction: str, axtree: str) -> list[Action]:
     return [click(first(parse_axtree(axtree), "button", quoted(instruction)[0]).bid)]
 
 
-def click_button_sequence(instruction: str, axtree: str) -> list[Action]:
-    nodes = parse_axtree(axtree)
-    names = re.findall(r"button (\w+)", instruction)
-    return [click(first(nodes, "button", name).bid) for name in names]
 
 
-def click_test(instruction: str, axtree: str) -> list[Action]:
-    return [click(first(parse_axtree(axtree), "button").bid)]
 
 
-def click_test_2(instruction: str, axtree: str) -> list[Action]:
-    return [click(first(parse_axtree(axtree), "button", found(r"button (\w+)", instruction)).bid)]
 
 
 def click_link(instruction: str, axtree: str) -> list[Action]:
@@ -166,11 +157,6 @@ def enter_text(instruction: str, axtree: str) -> list[Action]:
     return [type_text(first(nodes, "textbox").bid, quoted(instruction)[0]), click(first(nodes, "button", "Submit").bid)]
 
 
-def enter_text_2(instruction: str, axtree: str) -> list[Action]:
-    nodes = parse_axtree(axtree)
-    text = quoted(instruction)[0]
-    text = text.lower() if "lower case" in instruction else text.upper()
-    return [type_text(first(nodes, "textbox").bid, text), click(first(nodes, "button", "Submit").bid)]
 
 
 def enter_password(instruction: str, axtree: str) -> list[Action]:
@@ -191,9 +177,6 @@ def focus_text(instruction: str, axtree: str) -> list[Action]:
     return [click(first(parse_axtree(axtree), "textbox").bid)]
 
 
-def focus_text_2(instruction: str, axtree: str) -> list[Action]:
-    ordinal = found(r"(\d(?:st|nd|rd|th)) input", instruction)
-    return [click(all_of(parse_axtree(axtree), "textbox")[_ORDINAL[ordinal]].bid)]
 
 
 def use_autocomplete(instruction: str, axtree: str) -> list[Action]:
@@ -215,21 +198,16 @@ def use_autocomplete(instruction: str, axtree: str) -> list[Action]:
 
 SOLVERS: dict[str, Solver] = {
     "click-button": click_button,
-    "click-button-sequence": click_button_sequence,
     "click-checkboxes": click_checkboxes,
     "click-dialog": click_dialog,
     "click-link": click_link,
     "click-option": click_option,
     "click-tab": click_tab,
-    "click-test": click_test,
-    "click-test-2": click_test_2,
     "click-widget": click_widget,
     "choose-list": choose_list,
     "enter-password": enter_password,
     "enter-text": enter_text,
-    "enter-text-2": enter_text_2,
     "focus-text": focus_text,
-    "focus-text-2": focus_text_2,
     "login-user": login_user,
     "use-autocomplete": use_autocomplete,
     "use-autocomplete-nodelay": use_autocomplete,

@@ -103,6 +103,27 @@ async def test_replay_of_a_prefix_gives_the_same_page(env: BrowserEnv, tasks: di
         assert (await fresh.evaluate()).success
 
 
+async def test_solvers_of_ones_own_are_used_for_their_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             tasks: dict[str, Task]) -> None:
+    (tmp_path / "my_solvers.py").write_text(
+        "from envs.browser.solvers import click, first, parse_axtree\n"
+        "SOLVERS = {'click-test': lambda instruction, axtree: [click(first(parse_axtree(axtree), 'button').bid)]}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = tasks["miniwob/click-test/3"]
+    async with BrowserEnv(observe=[]) as plain:
+        assert await plain.reference_solution(task) is None  # no shipped solver for click-test
+    async with BrowserEnv(observe=[], solvers=["my_solvers"]) as env:
+        actions = await env.reference_solution(task)
+        assert actions and actions[0].function == "click"
+        await env.reset(task)
+        for action in actions:
+            await env.step(action)
+        assert (await env.evaluate()).success
+    async with BrowserEnv(observe=[], solvers=["no_such_solvers"]) as env:
+        with pytest.raises(ValueError, match="env_config.solvers: 'no_such_solvers'"):
+            await env.reference_solution(task)
+
+
 async def test_a_page_that_asks_something_else_than_its_task_is_env_error(env: BrowserEnv,
                                                                             tasks: dict[str, Task]) -> None:
     task = tasks["miniwob/enter-text/3"].model_copy(update={"instruction": "Enter something else."})
