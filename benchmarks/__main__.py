@@ -143,6 +143,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("viewer", "benchmarks.viewer", ("--records", "1000000"), ("--records", "1000000")),
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
     Benchmark("envs", "benchmarks.envs", (), ("--calls", "2000", "--episodes", "192")),
+    Benchmark("envs_browser", "benchmarks.envs_browser", ("--steps", "120", "--episodes", "16"),
+              ("--steps", "600", "--episodes", "64")),
 )
 
 

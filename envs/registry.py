@@ -15,6 +15,7 @@ _BUILTIN: dict[str, str] = {
     "web": "envs.web.env:WebShopEnv",
     "simulated": "envs.simulated.env:SimulatedEnv",
     "mcp": "envs.mcp.env:MCPEnv",
+    "browser": "envs.browser.env:BrowserEnv",
 }
 _REGISTRY: dict[str, EnvFactory] = {}
 

@@ -117,6 +117,8 @@ class EnvFactory:
             config["judge"] = self._llm_for("judge", judge["llm"]) if judge.get("llm") else (self.judge or self._llm_for("judge", None))
         elif judge is None and self.judge is not None and "judge" in inspect.signature(self.cls).parameters:
             config["judge"] = self.judge
+        if getattr(self.cls, "writes_files", False) and self.output is not None:
+            config.setdefault("output_dir", str(self.output))  # files the records point to (screenshots)
         env = make_env(self.spec.env, **config)
         user = self.spec.user
         if user.kind == "none":
@@ -152,3 +154,6 @@ class EnvFactory:
         own, self._own = self._own, {}
         for llm in own.values():
             await llm.aclose()
+        release = getattr(self.cls, "release_shared", None)  # e.g. a browser kept up between episodes
+        if release is not None:
+            await release()
