@@ -36,7 +36,7 @@ ENVS: dict[str, dict[str, Any]] = {
 }
 
 # Methods whose scripted episodes must reach reward 1 somewhere.
-SOLVING = {"rollout", "mcts_splice", "curriculum"}
+SOLVING = {"rollout", "mcts_splice", "curriculum", "reflection"}
 
 # What a method cannot do in a world, as the refusal must name it.
 REFUSALS: dict[tuple[str, str], str] = {
@@ -75,7 +75,7 @@ def _config(method: str, env_name: str, tmp: Path, inputs: Path) -> dict[str, An
         "rollout": {**base, "max_steps": 8},
         "mcts_splice": {**base, "search": search, "max_steps": 8},
         "curriculum": {**base, "rollouts": 2, "generations": 1, "select": 1, "candidates": 4, "max_steps": 8},
-        "reflection": {**base, "input": str(inputs), "locator": "rules", "max_steps": 8},
+        "reflection": {**base, "input": str(inputs), "max_steps": 8},
         "step_verify": {"input": str(inputs), "verifier": "both"},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
         "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4},
