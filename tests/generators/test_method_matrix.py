@@ -74,7 +74,7 @@ def _config(method: str, env_name: str, tmp: Path, inputs: Path) -> dict[str, An
     configs: dict[str, dict[str, Any]] = {
         "rollout": {**base, "max_steps": 8},
         "mcts_splice": {**base, "search": search, "max_steps": 8},
-        "curriculum": {**base, "rollouts": 2, "generations": 1, "select": 1, "candidates": 4, "max_steps": 8},
+        "curriculum": {**base, "rollouts": 2, "generations": 1, "select": 1, "max_steps": 8},
         "reflection": {**base, "input": str(inputs), "max_steps": 8},
         "step_verify": {"input": str(inputs), "verifier": "both"},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
