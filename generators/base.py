@@ -135,6 +135,16 @@ class RunSummary:
     reasons: Counter[str] = field(default_factory=Counter)
     llm: dict[str, Any] = field(default_factory=dict)
 
+    def merge(self, other: RunSummary) -> RunSummary:
+        """One summary for several runs of the same method (rounds); the LLM stats are cumulative already."""
+        self.tasks += other.tasks
+        self.skipped += other.skipped
+        self.processed += other.processed
+        self.counts.update(other.counts)
+        self.reasons.update(other.reasons)
+        self.llm = other.llm
+        return self
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,

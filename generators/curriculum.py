@@ -241,7 +241,7 @@ class Curriculum(EnvMethod):
                      for parent in chosen for direction in ("easier", "harder")]
             if not specs:
                 break
-            summary = _merge(summary, await super().run(specs, output, progress=progress))
+            summary = summary.merge(await super().run(specs, output, progress=progress))
         return summary
 
     def load_tracker(self, output: Dataset) -> dict[str, Task]:
@@ -437,13 +437,3 @@ class Curriculum(EnvMethod):
         traj = self.trajectory(task, "", shown, None, parents=[spec.payload["parent"]], evolution=evolution)
         return traj.model_copy(update={"id": f"{self.name}/{spec.id}/g{spec.payload['generation']}/check"})
 
-
-def _merge(a: RunSummary, b: RunSummary) -> RunSummary:
-    """One summary for all rounds (the LLM stats are cumulative already)."""
-    a.tasks += b.tasks
-    a.skipped += b.skipped
-    a.processed += b.processed
-    a.counts.update(b.counts)
-    a.reasons.update(b.reasons)
-    a.llm = b.llm
-    return a

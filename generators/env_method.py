@@ -93,9 +93,12 @@ class EnvMethod(GenerationMethod):
             return await super().run(tasks, output, progress=progress)
         finally:
             await self.envs.aclose()
-            owned, self._role_llms = self._role_llms, []
-            for llm in owned:
-                await llm.aclose()
+            await self.close_role_llms()
+
+    async def close_role_llms(self) -> None:
+        owned, self._role_llms = self._role_llms, []
+        for llm in owned:
+            await llm.aclose()
 
     def env_tasks(self) -> dict[str, Task]:
         """The run's tasks by id, from the config's task source (loaded once)."""
