@@ -238,6 +238,10 @@ class Reflection(EnvMethod):
                   and not (s.kind == "text" and s.name == "parse_error")]
         info = {"teacher": self.teacher_name(), "corrections": reviewer.corrections, "masked": masked,
                 "verdicts": reviewer.verdicts, "recorded_actions": len(transitions(traj.steps))}
+        if reviewer.corrections:  # the first error at the top level too, as the viewer shows it
+            first = reviewer.corrections[0]
+            info.update(first_error=first["wrong_step"], reflection_index=first["reflection_step"],
+                        reason=first["reason"])
         fixed = self.trajectory(task, "", steps, episode.evaluation, parents=[traj.id], role="reflection",
                                 reflection=info, **episode.details())
         fixed = fixed.model_copy(update={"id": f"{self.name}/{traj.id}"})

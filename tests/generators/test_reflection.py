@@ -12,6 +12,7 @@ from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from generators.runner import generate, load_config
 from generators.scripted import BAD_ORDER, cancel_tasks
 from schemas.store import Dataset
+from viewer.records import segments
 
 TASK = cancel_tasks(1)[0]
 FIND, DETAILS, CANCEL = TASK.goal["actions"]
@@ -112,6 +113,10 @@ def test_two_wrong_steps_are_masked_reflected_on_and_corrected(tmp_path):
     assert all(v["reason"] for v in info["verdicts"]) and info["verdicts"][0]["verdict"] == "correct"
     assert t.details["evaluation"]["success"] and t.provenance.parent_ids == [f"rollout/{TASK.id}#0"]
     assert summary.counts["corrections"] == 2 and summary.counts["kept"] == 1
+    # The viewer shows both corrections: masked bad segments and two revision thoughts.
+    segs = segments(t)
+    assert [i for i, seg in enumerate(segs) if seg == "revision"] == [wrong[0] + 2, wrong[1] + 2]
+    assert [i for i, seg in enumerate(segs) if seg == "bad"] == info["masked"]
 
     # With one correction allowed, the agent's later mistake stays: the outcome fails and the record is
     # filtered with the reason.
