@@ -28,11 +28,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.config import LLMConfig
-from flows.pipeline_config import PipelineConfig
+from flows.pipeline_config import PipelineConfig, read_config
 
 NEXT_MODEL_FILE = "next_model.json"
 
@@ -90,12 +89,7 @@ class AgentRConfig(BaseModel):
 
 
 def load_agent_r_config(path: str | Path, output: str | None = None) -> AgentRConfig:
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: an agent-r config is a YAML mapping")
-    if output is not None:
-        data["output"] = output
-    return AgentRConfig.model_validate(data)
+    return AgentRConfig.model_validate(read_config(path, "an agent-r config", output))
 
 
 def next_model(current: LLMConfig, reported: str) -> LLMConfig:

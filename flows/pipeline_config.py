@@ -161,12 +161,17 @@ class PipelineConfig(BaseModel):
 
 def load_pipeline_config(path: str | Path, output: str | None = None) -> PipelineConfig:
     """The config at `path`; `output` replaces its output root."""
+    return PipelineConfig.model_validate(read_config(path, "a pipeline config", output))
+
+
+def read_config(path: str | Path, what: str, output: str | None = None) -> dict[str, Any]:
+    """A YAML config mapping from `path`; `output` replaces its output root."""
     data = yaml.safe_load(Path(path).read_text())
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a pipeline config is a YAML mapping")
+        raise ValueError(f"{path}: {what} is a YAML mapping")
     if output is not None:
         data["output"] = output
-    return PipelineConfig.model_validate(data)
+    return data
 
 
 def stage_key(*parts: Any) -> str:

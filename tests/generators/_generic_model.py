@@ -64,6 +64,19 @@ def instance(schema: Any, defs: dict[str, Any] | None = None, overrides: dict[st
     return None
 
 
+def _next_reference(refs: list[Any], done: list[tuple[str, str]]) -> Any:
+    """The first reference action not yet taken successfully (`done`: (name, sorted-JSON arguments)), or None."""
+    done = list(done)
+    for step in refs:
+        if isinstance(step, ApiAction):
+            key = (step.function, json.dumps(step.arguments, sort_keys=True))
+            if key in done:
+                done.remove(key)
+                continue
+        return step
+    return None
+
+
 def _done_calls(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(name, sorted-JSON arguments) of the calls that were answered without an error, in order."""
     answers = {m.get("tool_call_id"): str(m.get("content", "")) for m in messages if m.get("role") == "tool"}
@@ -120,17 +133,10 @@ class GenericModel:
                 tool = body["tools"][0]["function"]
                 return ToolCallAnswer(tool["name"], instance(tool.get("parameters") or {}))
             return GIVE_UP
-        done = _done_calls(messages)
-        for step in refs:
-            if isinstance(step, ApiAction):
-                key = (step.function, json.dumps(step.arguments, sort_keys=True))
-                if key in done:
-                    done.remove(key)
-                    continue
-                return ToolCallAnswer(step.function, step.arguments)
-            if isinstance(step, MessageAction):
-                return step.content
-        return GIVE_UP
+        step = _next_reference(refs, _done_calls(messages))
+        if isinstance(step, ApiAction):
+            return ToolCallAnswer(step.function, step.arguments)
+        return step.content if isinstance(step, MessageAction) else GIVE_UP
 
     def _teacher(self, body: dict[str, Any]) -> dict[str, Any] | None:
         prompt = str(body["messages"][-1].get("content") or "")
@@ -149,18 +155,14 @@ class GenericModel:
                                instance(tool.get("parameters") or {}))
         done = [(m.group(1), json.dumps(json.loads(m.group(2)), sort_keys=True))
                 for m, seen in _calls_and_answers(history) if "Error" not in seen]
-        for ref in refs:
-            if isinstance(ref, ApiAction):
-                key = (ref.function, json.dumps(ref.arguments, sort_keys=True))
-                if key in done:
-                    done.remove(key)
-                    continue
-                found = _CALL.search(step)
-                if found and (found.group(1), json.dumps(json.loads(found.group(2)), sort_keys=True)) == key:
-                    return correct
-                return self._wrong(f"the next step is {ref.function}", ref.function, ref.arguments)
-            if isinstance(ref, MessageAction):
-                return correct if "say to the user" in step else {**correct, "reason": "an extra lookup"}
+        ref = _next_reference(refs, done)
+        if isinstance(ref, ApiAction):
+            found = _CALL.search(step)
+            if found and (found.group(1), json.loads(found.group(2))) == (ref.function, ref.arguments):
+                return correct
+            return self._wrong(f"the next step is {ref.function}", ref.function, ref.arguments)
+        if isinstance(ref, MessageAction) and "say to the user" not in step:
+            return {**correct, "reason": "an extra lookup"}
         return correct
 
     @staticmethod

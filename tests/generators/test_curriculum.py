@@ -12,15 +12,13 @@ from backends.fake_server import FakeServer, Rule
 from envs.retail.env import RetailEnv
 from generators.curriculum import RewardTracker
 from generators.runner import generate, load_config
-from generators.scripted import cancel_tasks
 from schemas.models import ApiAction, MessageAction
 from schemas.store import Dataset
 from tests.generators._generic_model import GenericModel
+from tests.generators.test_reflection import FIND, ORDER, REASON
+from tests.generators.test_reflection import TASK as SEED
+from tests.generators.test_reflection import WRONG_REASON as OTHER_REASON
 
-SEED = cancel_tasks(1)[0]
-FIND, DETAILS, CANCEL = SEED.goal["actions"]
-ORDER, REASON = CANCEL["arguments"]["order_id"], CANCEL["arguments"]["reason"]
-OTHER_REASON = "ordered by mistake" if REASON == "no longer needed" else "no longer needed"
 EASIER = f"Cancel order {ORDER} for me, I no longer need it. I'm Diego Johansson, zip code 92776."
 HARDER = f"Cancel my order {ORDER}, check it first, and tell me when it is done. I'm Diego Johansson, zip 92776."
 CANCEL_CALLS = [{"name": FIND["function"], "arguments": FIND["arguments"]},
