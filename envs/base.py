@@ -293,6 +293,14 @@ class Environment(ABC):
         ep.done = result.done
         return result
 
+    async def inspect(self, action: ApiAction) -> StepResult:
+        """A read-only tool call outside the episode's record, also after its end: a verifier reading the
+        world's state through the tools. The history, the step count and `done` stay as they were; the
+        caller vouches that the call changes nothing (e.g. by comparing two reads)."""
+        if self._episode is None:
+            raise RuntimeError("call reset(task) before inspect()")
+        return await self._act(action)
+
     async def evaluate(self) -> Evaluation:
         """The outcome of the current episode, the same way at every end (done, caps, failures, stops)."""
         if self._episode is None:

@@ -14,6 +14,8 @@ _BUILTIN: dict[str, str] = {
     "retail": "envs.retail.env:RetailEnv",
     "web": "envs.web.env:WebShopEnv",
     "simulated": "envs.simulated.env:SimulatedEnv",
+    "mcp": "envs.mcp.env:MCPEnv",
+    "browser": "envs.browser.env:BrowserEnv",
 }
 _REGISTRY: dict[str, EnvFactory] = {}
 

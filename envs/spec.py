@@ -46,13 +46,17 @@ class EnvSpec(BaseModel):
 
     @model_validator(mode="after")
     def _known_env_and_keys(self) -> EnvSpec:
-        """A config names a registered environment and only settings it takes (checked before any run)."""
-        try:
-            cls = env_class(self.env)
-        except KeyError as exc:
-            raise ValueError(str(exc.args[0])) from None
-        check_env_config(self.env, cls, self.env_config)
+        check_env(self.env, self.env_config)
         return self
+
+
+def check_env(name: str, config: dict[str, Any]) -> None:
+    """A config names a registered environment and only settings it takes (checked before any run)."""
+    try:
+        cls = env_class(name)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    check_env_config(name, cls, config)
 
 
 def check_env_config(name: str, cls: Any, config: dict[str, Any]) -> None:
@@ -60,7 +64,9 @@ def check_env_config(name: str, cls: Any, config: dict[str, Any]) -> None:
     params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    unknown = sorted(set(config) - set(params) - {"user"})
+    # `from_mcp` stands for the tools and policy of a real MCP server (worlds that take both: simulated).
+    derived = {"from_mcp"} if {"tools", "policy"} <= set(params) else set()
+    unknown = sorted(set(config) - set(params) - {"user"} - derived)
     if unknown:
         allowed = ", ".join(sorted(k for k in params if k not in ("user", "llm")))
         raise ValueError(f"env_config: unknown key(s) {', '.join(unknown)} for environment {name!r}"
@@ -73,6 +79,10 @@ class EnvFactory:
     def __init__(self, spec: EnvSpec, llm: LLM | None = None, output: Path | None = None,
                  judge: LLM | None = None) -> None:
         self.spec = spec.env_spec()
+        if "from_mcp" in self.spec.env_config:  # a simulation of a real MCP server: its tools and policy
+            from envs.mcp.simulate import simulated_from_mcp
+
+            self.spec = self.spec.model_copy(update={"env_config": simulated_from_mcp(self.spec.env_config)})
         self.llm = llm
         self.output = output
         # The grading model, for worlds that judge episodes (`judge` parameter); None: they use their own.
@@ -102,8 +112,13 @@ class EnvFactory:
         config = dict(self.spec.env_config)
         if getattr(self.cls, "needs_llm", False) and not isinstance(config.get("llm"), LLM):
             config["llm"] = self._llm_for("env", config.get("llm"))
-        if self.judge is not None and "judge" in inspect.signature(self.cls).parameters and "judge" not in config:
+        judge = config.get("judge")
+        if isinstance(judge, dict):  # judge: {} is the method's grading model, judge: {llm: ...} its own
+            config["judge"] = self._llm_for("judge", judge["llm"]) if judge.get("llm") else (self.judge or self._llm_for("judge", None))
+        elif judge is None and self.judge is not None and "judge" in inspect.signature(self.cls).parameters:
             config["judge"] = self.judge
+        if getattr(self.cls, "writes_files", False) and self.output is not None:
+            config.setdefault("output_dir", str(self.output))  # files the records point to (screenshots)
         env = make_env(self.spec.env, **config)
         user = self.spec.user
         if user.kind == "none":
@@ -139,3 +154,6 @@ class EnvFactory:
         own, self._own = self._own, {}
         for llm in own.values():
             await llm.aclose()
+        release = getattr(self.cls, "release_shared", None)  # e.g. a browser kept up between episodes
+        if release is not None:
+            await release()

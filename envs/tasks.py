@@ -3,6 +3,8 @@
     tasks: {source: env, n: 8, seed: 0}                  # the environment's own generator
     tasks: {source: jsonl, path: tasks.jsonl}             # one Task (or {"instruction": ...}) per line
     tasks: {source: tau2, path: .../tasks.json, split: train}
+    tasks: {source: miniwob, options: {tasks: [click-*], seeds: 3}}   # MiniWoB++ pages (browser env)
+    tasks: {source: sites, path: site_tasks.jsonl}          # any site (browser env)
 
 Every source yields `Task`s for one environment, in a stable order (a re-run sees the same ids);
 `ids` keeps only the named ones, `n` caps how many. Sources are registered by name
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from envs.base import Environment
 
 MAX_TASKS_FILE_BYTES = 256 * 1024 * 1024
+# A run's task count is bounded: task generators build their lists whole, and nobody means 10^12.
+MAX_TASKS = 1_000_000
 
 
 class TaskFileError(ValueError):
@@ -38,7 +42,7 @@ class TaskSourceConfig(BaseModel):
 
     source: str = Field("env", description="env (the environment's generator), jsonl, tau2, or a registered source")
     path: str | None = Field(None, description="file of the source (jsonl, tau2 tasks.json); pkg://package/path allowed")
-    n: int | None = Field(None, ge=1, description="at most this many tasks (env: how many to generate, default 8)")
+    n: int | None = Field(None, ge=1, le=MAX_TASKS, description="at most this many tasks (env: how many to generate, default 8)")
     seed: int = Field(0, description="seed of a task generator")
     ids: list[str] | None = Field(None, description="keep only these task ids")
     split: str | None = Field(None, description="a named split of the source (tau2: train / test)")
@@ -124,32 +128,47 @@ def _from_env(config: TaskSourceConfig, env_name: str, env: Environment | None) 
 def _from_jsonl(config: TaskSourceConfig, env_name: str, env: Environment | None) -> Iterator[Task]:
     if not config.path:
         raise TaskFileError("the jsonl task source needs a path")
+
+    def make(n: int, row: Any) -> Task:
+        if not isinstance(row, dict) or not isinstance(row.get("instruction"), str):
+            raise ValueError("a task needs an 'instruction' string")
+        row.setdefault("id", f"task-{n:04d}")
+        row.setdefault("env", env_name)
+        return Task.model_validate(row)
+
+    yield from jsonl_tasks(config.path, make)
+
+
+def jsonl_tasks(path: str, make: Callable[[int, Any], Task]) -> Iterator[Task]:
+    """The tasks of a JSONL file, `make(line number, parsed line)` building each one.
+
+    A line that is not JSON, that `make` rejects (ValueError, pydantic's ValidationError) or that
+    repeats a task id stops the load with one line naming the file, the line and the problem.
+    """
     seen: set[str] = set()
-    for n, line in enumerate(read_text(config.path).splitlines(), 1):
+    for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TaskFileError(f"{config.path}:{n}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("instruction"), str):
-            raise TaskFileError(f"{config.path}:{n}: a task needs an 'instruction' string")
-        row.setdefault("id", f"task-{n:04d}")
-        row.setdefault("env", env_name)
+            raise TaskFileError(f"{path}:{n}: not JSON ({exc.msg})") from None
         try:
-            task = Task.model_validate(row)
+            task = make(n, row)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "task"
-            raise TaskFileError(f"{config.path}:{n}: {where}: {first['msg']}") from None
+            raise TaskFileError(f"{path}:{n}: {where}: {first['msg']}") from None
+        except ValueError as exc:
+            raise TaskFileError(f"{path}:{n}: {exc}") from None
         if task.id in seen:
-            raise TaskFileError(f"{config.path}:{n}: duplicate task id {task.id!r}")
+            raise TaskFileError(f"{path}:{n}: duplicate task id {task.id!r}")
         seen.add(task.id)
         yield task
 
 
 # Sources that live in their own modules; they register on import.
-_PLUGINS: tuple[str, ...] = ()
+_PLUGINS: tuple[str, ...] = ("envs.tau2", "envs.browser.miniwob", "envs.browser.sites")
 
 
 def _load_plugins() -> None:

@@ -36,6 +36,8 @@ def export(
     from converters.export import export as run_export
     from converters.export.mix import MixError, parse_mix
     from converters.export.run import ExportError
+    from pydantic import ValidationError
+
     from flows.cmd_store import SHARD_READ_ERRORS, unreadable
     from schemas.store import StoreError
 
@@ -58,6 +60,11 @@ def export(
         except SHARD_READ_ERRORS as exc:
             progress.stop()
             fail(unreadable(dataset, exc))
+        except ValidationError as exc:
+            progress.stop()
+            first = exc.errors()[0]
+            fail(f"{dataset}: a {exc.title} record fails validation ({'.'.join(map(str, first['loc'])) or 'record'}: "
+                 f"{first['msg']}; {exc.error_count()} error(s)); `trajforge validate {dataset}` lists them")
     print_report(report)
 
 
@@ -82,9 +89,14 @@ def card(
     """Regenerate the dataset card (README.md and plots/*.png) of an export directory from its card.json."""
     from converters.export.card import CardError, regenerate_card
 
+    if not export_dir.is_dir():
+        fail(f"{export_dir}: {'no such' if not export_dir.exists() else 'not an'} export directory "
+             "(give the directory trajforge export wrote)")
     try:
         readme = regenerate_card(export_dir)
     except CardError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"{export_dir}: cannot rebuild the card ({exc.strerror or exc})")
     plots = sorted(p.name for p in (export_dir / "plots").glob("*.png"))
     console.print(f"wrote {readme} and {len(plots)} plots: {', '.join(plots) or '-'}", highlight=False)

@@ -25,8 +25,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from flows.config_file import read_config
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -161,17 +162,12 @@ class PipelineConfig(BaseModel):
 
 def load_pipeline_config(path: str | Path, output: str | None = None) -> PipelineConfig:
     """The config at `path`; `output` replaces its output root."""
-    return PipelineConfig.model_validate(read_config(path, "a pipeline config", output))
-
-
-def read_config(path: str | Path, what: str, output: str | None = None) -> dict[str, Any]:
-    """A YAML config mapping from `path`; `output` replaces its output root."""
-    data = yaml.safe_load(Path(path).read_text())
+    data = read_config(path, "pipeline config")
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: {what} is a YAML mapping")
+        raise ValueError(f"{path}: a pipeline config is a YAML mapping")
     if output is not None:
         data["output"] = output
-    return data
+    return PipelineConfig.model_validate(data)
 
 
 def stage_key(*parts: Any) -> str:

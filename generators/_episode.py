@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, StepResult, Task, checkpoint
-from generators.agent import Proposal
+from generators.agent import TRUNCATED, Proposal
 from schemas.models import Action, Step, TextObservation
 
 PARSE_ERROR = (
@@ -212,10 +212,5 @@ async def continue_episode(
 
 
 def failure_class(error: str) -> str:
-    """A stable class of a failed step's reason, for counts: 'truncated answer', 'not JSON', ..."""
-    head = error.split("(")[0].split(":")[0].strip().lower()
-    if "truncat" in head:
-        return "truncated answer"
-    if "not json" in head or "not a json" in head:
-        return "arguments not JSON"
-    return head[:40] or "unreadable"
+    """The class of a failed step's reason, for counts: an answer cut off at the token limit, or one not readable."""
+    return "truncated" if error.startswith(TRUNCATED) else "unreadable"

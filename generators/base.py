@@ -20,16 +20,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator, Sized
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import LLM
 from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
+from envs.tasks import MAX_TASKS
 from schemas.store import Dataset
 
 log = logging.getLogger("trajforge.generators")
+
+
 
 
 def trajforge_version() -> str:
@@ -64,6 +67,9 @@ class MethodConfig(BaseModel):
     """Settings every method has; each method's config model extends it."""
 
     model_config = ConfigDict(extra="forbid")
+    # Left out of the output hash: they change how a run goes, not what it writes (pydantic's
+    # nested `exclude` form; methods extend it).
+    runtime_fields: ClassVar[dict[str, Any]] = {"concurrency": True, "unit_tasks": True, "cache": True}
 
     method: str
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="llamacpp", max_tokens=256))
@@ -75,7 +81,7 @@ class MethodConfig(BaseModel):
 
     def output_hash(self) -> str:
         """Hash of what determines the output; throughput knobs are left out on purpose."""
-        data = self.model_dump(mode="json", exclude={"concurrency", "unit_tasks", "cache"})
+        data = self.model_dump(mode="json", exclude=self.runtime_fields)
         data["llm"] = {k: v for k, v in data["llm"].items() if k not in _LLM_RUNTIME_KEYS}
         for role in data.values():  # judge, teacher, student: {llm: {...}}
             if isinstance(role, dict) and isinstance(role.get("llm"), dict):
@@ -134,6 +140,8 @@ class RunSummary:
     counts: Counter[str] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
     llm: dict[str, Any] = field(default_factory=dict)
+    # What a method measured over the whole output, by name (e.g. a judge's agreement with ground truth).
+    report: dict[str, Any] = field(default_factory=dict)
 
     def merge(self, other: RunSummary) -> RunSummary:
         """One summary for several runs of the same method (rounds); the LLM stats are cumulative already."""
@@ -154,6 +162,7 @@ class RunSummary:
             "counts": dict(self.counts),
             "rejected_by_reason": dict(self.reasons),
             "llm": self.llm,
+            "report": self.report,
         }
 
 
@@ -181,6 +190,12 @@ class GenerationMethod(ABC):
             log.warning("%s: the judge is the acting model itself (%s:%s); set judge.llm to grade with another",
                         self.name, self.config.llm.backend, self.config.llm.model)
         return self.llm
+
+    @property
+    def judge_name(self) -> str:
+        """The grading model as `backend:model`, for the verdicts records carry."""
+        cfg = self.judge_llm.config
+        return f"{cfg.backend}:{cfg.model}"
 
     @abstractmethod
     def tasks(self) -> Iterable[TaskSpec]:
@@ -214,17 +229,22 @@ class GenerationMethod(ABC):
         self.prepare(output)
         await self.setup()
         summary = RunSummary(self.name)
-        pending: list[TaskSpec] = []
-        for task in tasks:
-            summary.tasks += 1
-            if task.id in done:
-                summary.skipped += 1
-            else:
-                pending.append(task)
         if progress is not None:
-            progress.start(total=summary.tasks, completed=summary.skipped)
+            progress.start(total=len(tasks) if isinstance(tasks, Sized) else None)
+
+        def pending() -> Iterator[TaskSpec]:
+            # Streamed: tasks are drawn as workers free up, never held as a whole list.
+            for task in tasks:
+                summary.tasks += 1
+                if task.id in done:
+                    summary.skipped += 1
+                    if progress is not None:
+                        progress.advance()
+                    continue
+                yield task
+
         buffer: list[tuple[TaskSpec, TaskResult]] = []
-        queue: Iterator[TaskSpec] = iter(pending)
+        queue: Iterator[TaskSpec] = pending()
         lock = asyncio.Lock()
 
         async def worker() -> None:

@@ -206,6 +206,17 @@ def _criteria(goal: dict[str, Any]) -> dict[str, Any]:
                                                      goal.get("outputs") or []]}
 
 
+def _scenario(seed: dict[str, Any], request: str) -> dict[str, Any]:
+    """A simulated user's brief (tau2's `user_scenario`) for the new request: the same person, knowing what they
+    knew (`known_info`), now calling about the new task; the seed's other instructions belong to the seed."""
+    instructions = seed.get("instructions")
+    known = instructions.get("known_info") if isinstance(instructions, dict) else None
+    brief = {"reason_for_call": request, "task_instructions": request, **({"known_info": known} if known else {})}
+    if isinstance(instructions, dict) and instructions.get("domain"):
+        brief["domain"] = instructions["domain"]
+    return {**seed, "instructions": brief}
+
+
 @register_method
 class Curriculum(EnvMethod):
     """DreamGym / AgentGen: roll out tasks, evolve the highest-variance ones easier / harder, keep those checkable and in band."""
@@ -350,6 +361,8 @@ class Curriculum(EnvMethod):
             solution = _actions(answer.solution, answer.final_answer)
         metadata = {**seed.metadata, "evolved_from": seed.id, "direction": spec.payload["direction"],
                     "generation": spec.payload["generation"], "verify": mode}
+        if isinstance(seed.metadata.get("user_scenario"), dict):
+            metadata["user_scenario"] = _scenario(seed.metadata["user_scenario"], answer.instruction.strip())
         if solution is not None:
             metadata["solution"] = [s.model_dump(mode="json", exclude_defaults=True) for s in solution]
         task = seed.model_copy(update={"id": spec.id, "instruction": answer.instruction.strip(), "goal": goal,

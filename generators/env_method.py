@@ -63,6 +63,9 @@ class EnvMethod(GenerationMethod):
         self._tools: list[Tool] | None = None
         self._policy_text: str | None = None
         self._role_llms: list[LLM] = []
+        # One started environment held for the whole run: worlds that share resources between their
+        # instances (an MCP server pool, a browser) keep them alive across episodes instead of restarting.
+        self._anchor: Environment | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -71,16 +74,18 @@ class EnvMethod(GenerationMethod):
         self.envs.judge = self.judge_model
 
     async def setup(self) -> None:
-        """Read the tools and the policy from a started environment (once per run; an MCP server lists them)."""
-        if self._tools is None:
-            async with self.envs.make() as env:
-                self._tools = env.tools()
-                self._policy_text = env.policy
+        """Start the run's anchor environment and read its tools and policy (an MCP server lists them)."""
+        if self._anchor is None:
+            anchor = self.envs.make()
+            await anchor.start()
+            self._anchor = anchor
+            self._tools = anchor.tools()
+            self._policy_text = anchor.policy
 
     def role_llm(self, role: str, output: Dataset) -> LLM | None:
         """The model of `role` (a `RoleModel` field of the config), cached in `output`; None when unset.
 
-        Opened once per run and closed with the run's environments.
+        Closed with the run's environments.
         """
         if getattr(self.config, role).llm is None:
             return None
@@ -92,8 +97,15 @@ class EnvMethod(GenerationMethod):
         try:
             return await super().run(tasks, output, progress=progress)
         finally:
-            await self.envs.aclose()
-            await self.close_role_llms()
+            await self.teardown()
+
+    async def teardown(self) -> None:
+        """Release the anchor environment, the models the environments made and the role models."""
+        anchor, self._anchor = self._anchor, None
+        if anchor is not None:
+            await anchor.close()
+        await self.envs.aclose()
+        await self.close_role_llms()
 
     async def close_role_llms(self) -> None:
         owned, self._role_llms = self._role_llms, []

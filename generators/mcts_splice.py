@@ -145,8 +145,7 @@ class MCTSSplice(EnvMethod):
     config: MCTSSpliceConfig
 
     def tasks(self) -> Iterable[TaskSpec]:
-        for t in self.env_tasks().values():
-            yield TaskSpec(id=t.id, instruction=t.instruction)
+        return [TaskSpec(id=t.id, instruction=t.instruction) for t in self.env_tasks().values()]
 
     async def run_task(self, spec: TaskSpec) -> TaskResult:
         task = self.env_tasks()[spec.id]

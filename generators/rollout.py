@@ -54,10 +54,8 @@ class Rollout(EnvMethod):
     config: RolloutConfig
 
     def tasks(self) -> Iterable[TaskSpec]:
-        for task in self.env_tasks().values():
-            for k in range(self.config.samples_per_task):
-                yield TaskSpec(id=f"{task.id}#{k}", instruction=task.instruction,
-                               payload={"task": task.id, "sample": k})
+        return [TaskSpec(id=f"{task.id}#{k}", instruction=task.instruction, payload={"task": task.id, "sample": k})
+                for task in self.env_tasks().values() for k in range(self.config.samples_per_task)]
 
     async def run_task(self, spec: TaskSpec) -> TaskResult:
         task = self.env_tasks()[spec.payload["task"]]

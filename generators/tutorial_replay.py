@@ -50,7 +50,7 @@ from backends.errors import LLMRequestError
 from envs.base import Environment, Task
 from generators._episode import Episode, play_episode
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, GenerationMethod, MethodConfig, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.transcript import render_transcript
 from schemas.models import Step, TextObservation, Tool, Trajectory
@@ -121,7 +121,7 @@ class TutorialReplayConfig(MethodConfig):
         default_factory=lambda: {e: {k: list(v) for k, v in kinds.items()} for e, kinds in DEFAULT_KIND_KEYWORDS.items()})
     max_tutorials: int | None = Field(None, ge=1)
     max_tutorial_chars: int = Field(4000, ge=200, description="longer tutorial texts are cut")
-    candidate_tasks: int = Field(28, ge=1, description="env tasks generated to map specs onto")
+    candidate_tasks: int = Field(28, ge=1, le=MAX_TASKS, description="env tasks generated to map specs onto")
     world_seed: int = 0
     replays: int = Field(1, ge=1, description="replays (trajectories) per kept tutorial")
     max_steps: int = Field(20, ge=1)

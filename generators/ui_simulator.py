@@ -54,7 +54,7 @@ from backends.scoring import ScoringError, ScoringUnsupported
 from envs.base import Environment, Task
 from envs.simulated.env import SimulationError
 from generators._episode import Episode, play_episode
-from generators.base import RoleModel, RunSummary, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, RoleModel, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from generators.rollout import ATTEMPT
@@ -128,8 +128,8 @@ class UISimulatorConfig(EnvMethodConfig):
     method: Literal["ui_simulator"] = "ui_simulator"
     requires: ClassVar[frozenset[str]] = frozenset({"pages"})
     env: str = Field("web", description="web, or simulated with env_config.mode = web")
-    rounds: int = Field(2, ge=1, description="proposal rounds (the method's tasks)")
-    tasks_per_round: int = Field(3, ge=1, description="tasks proposed per round")
+    rounds: int = Field(2, ge=1, le=MAX_TASKS, description="proposal rounds (the method's tasks)")
+    tasks_per_round: int = Field(3, ge=1, le=MAX_TASKS, description="tasks proposed per round")
     walk_steps: int = Field(2, ge=0, description="random clicks before proposing")
     attempts: int = Field(2, ge=1, description="rollouts per proposed task")
     max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")

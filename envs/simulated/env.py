@@ -34,6 +34,7 @@ from backends.base import LLM
 from backends.config import LLMConfig
 from envs.base import USER_STOP, Environment, Evaluation, StepResult, Task, UserReply, UserSimulator, action_kind, refused
 from envs.simulated import prompts as P
+from envs.toolspec import as_tool
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool, Trajectory, WebObservation
 from schemas.toolcalls import call_problem
 
@@ -62,14 +63,6 @@ class PageTurn(BaseModel):
 class Judgement(BaseModel):
     reasoning: str
     reward: float
-
-
-def _as_tool(value: Tool | dict[str, Any]) -> Tool:
-    if isinstance(value, Tool):
-        return value
-    if value.get("type") == "function" and isinstance(value.get("function"), dict):
-        value = value["function"]  # the OpenAI `tools=[...]` wire format
-    return Tool(name=value["name"], description=value.get("description"), parameters=value.get("parameters"))
 
 
 def _load_seeds(seeds: list[Any]) -> list[Trajectory]:
@@ -153,7 +146,7 @@ class SimulatedEnv(Environment):
         # Web mode has no user: the agent's message is its final answer.
         super().__init__(max_steps=max_steps, user=user if user is not None or mode == "web" else SimulatorUser(self))
         self.mode: Mode = mode
-        self._tools = [_as_tool(t) for t in tools] if tools else list(P.DEFAULT_WEB_TOOLS)
+        self._tools = [as_tool(t) for t in tools] if tools else list(P.DEFAULT_WEB_TOOLS)
         self.rules = policy.strip() or "(no special rules)"
         # Tool mode: the domain policy binds the agent too (it is in its system prompt, as in tau-bench);
         # web mode: the site description is for the simulator only.

@@ -11,6 +11,8 @@
 - A teacher reviewing a step (reflection) calls it wrong when it is not the next reference action
   (a premature final message included) and corrects it with that action; without references, a
   final message before any tool call is wrong and the correction calls the first tool.
+- A curriculum writer asked for tau2-style criteria restates the seed with the seed's criteria (a
+  variant the world can check; its one wrong solution does nothing).
 - Anything else (a persona user, a model-written revision) gets a short text; a persona user
   leaves at once with ###STOP###.
 """
@@ -103,7 +105,7 @@ class GenericModel:
     def __call__(self, body: dict[str, Any]) -> Any:
         fmt = body.get("response_format")
         if fmt:
-            special = (self.judge(body) if self.judge else None) or self._teacher(body)
+            special = (self.judge(body) if self.judge else None) or self._teacher(body) or self._evolve(body)
             if special is not None:
                 return special
             schema = fmt.get("json_schema", {}).get("schema", {})
@@ -164,6 +166,15 @@ class GenericModel:
         if isinstance(ref, MessageAction) and "say to the user" not in step:
             return {**correct, "reason": "an extra lookup"}
         return correct
+
+    @staticmethod
+    def _evolve(body: dict[str, Any]) -> dict[str, Any] | None:
+        prompt = str(body["messages"][-1].get("content") or "")
+        if not prompt.startswith("EVOLVE TASK") or "Seed criteria (tau2-style):\n" not in prompt:
+            return None
+        seed = prompt.split("Seed task: ", 1)[1].split("\n", 1)[0]
+        criteria = json.loads(prompt.split("Seed criteria (tau2-style):\n", 1)[1].split("\n", 1)[0])
+        return {"instruction": f"Once more: {seed}", **criteria, "wrong_solutions": [[]]}
 
     @staticmethod
     def _wrong(reason: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:

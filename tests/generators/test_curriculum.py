@@ -133,3 +133,20 @@ def test_a_code_check_runs_the_models_verifier_in_the_sandbox(tmp_path):
                                                                     "verify(state) returned False"}
     [stub] = [f for f in filtered.values() if f.decision.filter == "evolution_check"]
     assert stub.decision.reason == "a do-nothing agent passes: verify(state) returned True"
+
+
+def test_a_variant_of_a_tau2_task_gives_its_simulated_user_the_new_request():
+    from generators.base import TaskSpec
+    from generators.curriculum import Curriculum, CurriculumConfig, CriteriaVariant
+
+    scenario = {"persona": "Calm.", "instructions": {"domain": "retail", "reason_for_call": "old request",
+                                                     "known_info": "You are Diego, zip 92776.",
+                                                     "unknown_info": "the order id", "task_instructions": "old"}}
+    seed = SEED.model_copy(update={"metadata": {**SEED.metadata, "user_scenario": scenario}})
+    spec = TaskSpec(id=f"{SEED.id}/easier", payload={"parent": SEED.id, "direction": "easier", "generation": 1})
+    answer = CriteriaVariant(instruction=EASIER, actions=CANCEL_CALLS, wrong_solutions=[WRONG_CANCEL])
+    task, solution = Curriculum(CurriculumConfig(), None).variant_task(seed, spec, answer, "criteria")
+    assert solution is None and task.id == spec.id and task.instruction == EASIER
+    assert task.metadata["user_scenario"] == {"persona": "Calm.", "instructions": {
+        "reason_for_call": EASIER, "task_instructions": EASIER, "known_info": "You are Diego, zip 92776.",
+        "domain": "retail"}}

