@@ -47,6 +47,7 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from envs.base import Environment, Evaluation, Task
+from envs.criteria import CRITERIA_KEYS
 from filters import step_judge
 from generators._episode import act
 from generators.base import RunSummary, TaskResult, TaskSpec
@@ -59,6 +60,10 @@ from schemas.models import Action, ApiAction, MessageAction, Step, TextObservati
 from schemas.store import Dataset
 
 Mode = Literal["criteria", "code", "reward"]
+# Goals a world checks as tau2-style criteria: reference actions, what to tell the user (tau2's
+# communicate_info, the retail world's outputs), a precomputed state digest. A goal with other keys
+# (a site's evaluation checks, a page's own task) is checked the world's own way.
+TAU2_STYLE = frozenset({*CRITERIA_KEYS, "outputs", "state_hash"})
 
 EVOLVE_SYSTEM = (
     "You evolve tasks for training an AI agent, in both directions: easier and harder. You get a seed task of "
@@ -206,6 +211,11 @@ def _criteria(goal: dict[str, Any]) -> dict[str, Any]:
                                                      goal.get("outputs") or []]}
 
 
+def _checked(goal: dict[str, Any]) -> Any:
+    """What a goal checks, comparable across the retail world's and tau2's spelling of criteria."""
+    return _criteria(goal) if set(goal) <= TAU2_STYLE else goal
+
+
 def _scenario(seed: dict[str, Any], request: str) -> dict[str, Any]:
     """A simulated user's brief (tau2's `user_scenario`) for the new request: the same person, knowing what they
     knew (`known_info`), now calling about the new task; the seed's other instructions belong to the seed."""
@@ -309,7 +319,7 @@ class Curriculum(EnvMethod):
     def mode(self, seed: Task) -> Mode:
         if self.config.verify != "auto":
             return self.config.verify
-        if isinstance(seed.goal.get("actions"), list):
+        if isinstance(seed.goal.get("actions"), list) and set(seed.goal) <= TAU2_STYLE:
             return "criteria"
         return "code" if "state" in self.envs.cls.offers(self.config.env_config) else "reward"
 
@@ -384,9 +394,12 @@ class Curriculum(EnvMethod):
             outcome = await self.outcome(env, task)
         return Check(case, steps, outcome.success, outcome.reason, refused)
 
-    async def check(self, task: Task, solution: list[Action] | None, answer: _Variant) -> tuple[str | None, list[Check]]:
-        """(why the variant is not verifiable, or None; the checks run). The solution must pass, doing nothing and
-        every wrong solution must fail."""
+    async def check(self, task: Task, seed: Task, solution: list[Action] | None,
+                    answer: _Variant) -> tuple[str | None, list[Check]]:
+        """(why the variant is not verifiable, or None; the checks run). It must check something else than the
+        seed, its solution must pass, doing nothing and every wrong solution must fail."""
+        if _checked(task.goal) == _checked(seed.goal):
+            return "the new task checks exactly what the seed checks: it is not a new task", []
         if solution is None:
             async with self.make_env() as env:
                 solution = await env.reference_solution(task)
@@ -425,7 +438,7 @@ class Curriculum(EnvMethod):
                           "no valid evolved task from the model")
             return result
         task, solution = self.variant_task(seed, spec, answer, mode)
-        why, checks = await self.check(task, solution, answer)
+        why, checks = await self.check(task, seed, solution, answer)
         evolution = {"mode": mode, "checks": [c.as_dict() for c in checks],
                      "reason": why or "; ".join(f"{c.case}: {'passes' if c.passed else 'fails'} ({c.reason})"
                                                 for c in checks)}

@@ -11,8 +11,8 @@
 - A teacher reviewing a step (reflection) calls it wrong when it is not the next reference action
   (a premature final message included) and corrects it with that action; without references, a
   final message before any tool call is wrong and the correction calls the first tool.
-- A curriculum writer asked for tau2-style criteria restates the seed with the seed's criteria (a
-  variant the world can check; its one wrong solution does nothing).
+- A curriculum writer asked for tau2-style criteria writes the seed's criteria plus its first action
+  once more (a new task the world can check; its one wrong solution does nothing).
 - Anything else (a persona user, a model-written revision) gets a short text; a persona user
   leaves at once with ###STOP###.
 """
@@ -174,7 +174,8 @@ class GenericModel:
             return None
         seed = prompt.split("Seed task: ", 1)[1].split("\n", 1)[0]
         criteria = json.loads(prompt.split("Seed criteria (tau2-style):\n", 1)[1].split("\n", 1)[0])
-        return {"instruction": f"Once more: {seed}", **criteria, "wrong_solutions": [[]]}
+        actions = criteria["actions"] + criteria["actions"][:1]
+        return {"instruction": f"Once more: {seed}", **criteria, "actions": actions, "wrong_solutions": [[]]}
 
     @staticmethod
     def _wrong(reason: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from tests.generators.test_reflection import TASK as SEED
 from tests.generators.test_reflection import WRONG_REASON as OTHER_REASON
 
 EASIER = f"Cancel order {ORDER} for me, I no longer need it. I'm Diego Johansson, zip code 92776."
-HARDER = f"Cancel my order {ORDER}, check it first, and tell me when it is done. I'm Diego Johansson, zip 92776."
+HARDER = f"Cancel my order {ORDER}, check it before and after. I'm Diego Johansson, zip 92776."
 CANCEL_CALLS = [{"name": FIND["function"], "arguments": FIND["arguments"]},
                 {"name": "cancel_pending_order", "arguments": {"order_id": ORDER, "reason": REASON}}]
 WRONG_CANCEL = [{"name": "cancel_pending_order", "arguments": {"order_id": ORDER, "reason": OTHER_REASON}}]
@@ -53,8 +53,9 @@ def writer(body: dict) -> dict | None:
     if code:  # a verifier that accepts anything: doing nothing passes it
         return {"instruction": HARDER, "verifier": "def verify(state):\n    return True\n", "solution": CANCEL_CALLS,
                 "final_answer": "", "wrong_solutions": [WRONG_CANCEL]}
-    return {"instruction": HARDER, "actions": [CANCEL_CALLS[0], {"name": "get_order_details", "arguments": {
-        "order_id": ORDER}}, CANCEL_CALLS[1]], "communicate_info": [], "wrong_solutions": [CANCEL_CALLS]}
+    lookup = {"name": "get_order_details", "arguments": {"order_id": ORDER}}
+    return {"instruction": HARDER, "actions": [CANCEL_CALLS[0], lookup, CANCEL_CALLS[1], lookup],
+            "communicate_info": [], "wrong_solutions": [CANCEL_CALLS]}
 
 
 def _run(tmp: Path, **extra: Any):
@@ -150,3 +151,20 @@ def test_a_variant_of_a_tau2_task_gives_its_simulated_user_the_new_request():
     assert task.metadata["user_scenario"] == {"persona": "Calm.", "instructions": {
         "reason_for_call": EASIER, "task_instructions": EASIER, "known_info": "You are Diego, zip 92776.",
         "domain": "retail"}}
+
+
+def test_a_variant_that_checks_what_the_seed_checks_is_not_new(tmp_path):
+    def same(body: dict) -> dict | None:
+        if str(body["messages"][-1].get("content") or "").startswith("EVOLVE TASK"):
+            return {"instruction": EASIER, "actions": [{"name": a["function"], "arguments": a["arguments"]}
+                                                       for a in SEED.goal["actions"]],
+                    "communicate_info": [], "wrong_solutions": [WRONG_CANCEL]}
+        return None
+
+    with FakeServer(rules=[Rule(fn=GenericModel(_references(), judge=same))]) as server:
+        cfg = {"method": "curriculum", "env": "retail", "tasks": {"n": 1}, "rollouts": 2, "max_steps": 8,
+               "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                       "max_retries": 0, "request_timeout_s": 5}}
+        asyncio.run(generate(load_config(cfg), tmp_path / "out"))
+    reasons = {f.decision.reason for f in Dataset.open(tmp_path / "out").iter_records("filtered")}
+    assert reasons == {"the new task checks exactly what the seed checks: it is not a new task"}
