@@ -459,16 +459,26 @@ class UISimulator(EnvMethod):
         scored = [g for g in pool if g.kept]
         summary.counts["grow_unscored_no_trajectory"] += len(pool) - len(scored)
 
+        unsupported: list[ScoringUnsupported] = []
+
         async def loss(traj: Trajectory) -> float | None:
             try:
                 return (await trajectory_loss(student, traj)).mean_nll
             except ScoringError as exc:
                 log.info("%s: trajectory %s not scored: %s", self.name, traj.id, exc)
-                return None
+            except ScoringUnsupported as exc:
+                unsupported.append(exc)
+            return None
 
+        # Every trajectory at once: the student's server answers them concurrently, through its limiter.
+        flat = await asyncio.gather(*(loss(t) for g in scored for t in g.kept))
+        if unsupported:
+            raise unsupported[0]
         losses: dict[str, float] = {}
-        for g in scored:  # the student's server answers them concurrently through its limiter
-            values = [v for v in await asyncio.gather(*(loss(t) for t in g.kept)) if v is not None]
+        start = 0
+        for g in scored:
+            values = [v for v in flat[start:start + len(g.kept)] if v is not None]
+            start += len(g.kept)
             summary.counts["grow_scored_trajectories"] += len(values)
             summary.counts["grow_unscorable_trajectories"] += len(g.kept) - len(values)
             if values:
