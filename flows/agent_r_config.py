@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.config import LLMConfig
-from flows.config_file import read_config
+from flows.config_file import read_mapping
 from flows.pipeline_config import PipelineConfig
 
 NEXT_MODEL_FILE = "next_model.json"
@@ -90,12 +90,7 @@ class AgentRConfig(BaseModel):
 
 
 def load_agent_r_config(path: str | Path, output: str | None = None) -> AgentRConfig:
-    data = read_config(path, "agent-r config")
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: an agent-r config is a YAML mapping")
-    if output is not None:
-        data["output"] = output
-    return AgentRConfig.model_validate(data)
+    return AgentRConfig.model_validate(read_mapping(path, "agent-r config", output))
 
 
 def next_model(current: LLMConfig, reported: str) -> LLMConfig:
