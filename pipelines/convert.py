@@ -127,11 +127,11 @@ class ConvertChunk(beam.DoFn):
         self.records_in = beam.metrics.Metrics.counter("convert", "records_in")
 
     def setup(self) -> None:
-        self.fn = get_converter(self.source).fn  # registry import happens on the worker
+        self.info = get_converter(self.source)  # registry import happens on the worker
         self.dataset = Dataset(Path(self.output))
 
     def process(self, chunk: Chunk) -> Any:
-        result = convert_chunk(chunk, self.fn, self.dataset, Path(self.spill_dir),
+        result = convert_chunk(chunk, self.info, self.dataset, Path(self.spill_dir),
                                max_rows=self.max_rows, max_bytes=self.max_bytes)
         self.records_in.inc(result.counts.get("in", 0))
         yield result
@@ -283,7 +283,7 @@ def run_convert(
     if not inputs:
         raise ConvertError("no inputs given")
     local_workers(workers, runner, beam_args, 0)  # a conflicting request fails before the output is touched
-    chunks = plan_chunks(list(inputs), chunk_size)
+    chunks = plan_chunks(list(inputs), chunk_size, info.episode_key)
     converter = f"{info.fn.__module__}.{info.fn.__qualname__}"
     ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),
                         overwrite=overwrite)
@@ -294,7 +294,7 @@ def run_convert(
         shutil.rmtree(stale, ignore_errors=True)
     finished = ds.finished_units()
     todo = [c for c in chunks if c.unit not in finished]
-    n_workers = local_workers(workers, runner, beam_args, sum(c.stop - c.start for c in todo))
+    n_workers = local_workers(workers, runner, beam_args, sum(c.rows for c in todo))
     if todo:
         ds.update_manifest(complete=False)
         _run_pipeline(ds, out_path, todo, sorted(finished), source=source, runner=runner,

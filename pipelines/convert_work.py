@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from converters.registry import KEYLESS, ConverterInfo, group_consecutive
 from pipelines.columns import BatchBuilder
 from pipelines.inputs import Chunk, ParseFailure, read_chunk
 from schemas import jsonutil
@@ -140,8 +141,50 @@ def _to_batch(
     return pa.RecordBatch.from_pylist(keep_rows, schema=TRAJECTORY_SCHEMA), keep_ids
 
 
+def chunk_records(chunk: Chunk, info: ConverterInfo) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each record the chunk's rows make, as `ConverterInfo.records` makes
+    them: a row split into its records (`file#3[1]`), or consecutive step rows grouped into one
+    episode (`file:10..file:18`). An episode holding an unreadable row cannot be completed: it
+    comes out as one ParseFailure naming the episode and the row, with all its rows' text."""
+    pairs: Iterator[tuple[str, Any]] = read_chunk(chunk)
+    if info.split_row is not None:
+        pairs = _split(pairs, info.split_row)
+    if info.episode_key is not None:
+        pairs = _episodes(pairs, info.episode_key)
+    return pairs
+
+
+def _split(pairs: Iterable[tuple[str, Any]], split: Callable[[Any], list[Any]]) -> Iterator[tuple[str, Any]]:
+    for location, raw in pairs:
+        if isinstance(raw, ParseFailure) or not isinstance(raw, list):
+            yield location, raw
+            continue
+        for i, record in enumerate(split(raw)):
+            yield f"{location}[{i}]", record
+
+
+def _episodes(pairs: Iterable[tuple[str, Any]], key_of: Callable[[Any], Any]) -> Iterator[tuple[str, Any]]:
+    def key(pair: tuple[str, Any]) -> Any:
+        return KEYLESS if isinstance(pair[1], ParseFailure) else key_of(pair[1])
+
+    for run in group_consecutive(pairs, key):
+        location = run[0][0] if len(run) == 1 else f"{run[0][0]}..{run[-1][0]}"
+        broken = [(loc, raw) for loc, raw in run if isinstance(raw, ParseFailure)]
+        if not broken:
+            yield location, [raw for _, raw in run]
+            continue
+        keys = [k for k in map(key, run) if k is not KEYLESS]
+        name = f"episode {keys[0]!r}" if keys else "a run of rows without an episode key"
+        where, failure = broken[0]
+        text = "[" + ", ".join(raw.text if isinstance(raw, ParseFailure) else _raw_json(raw) for _, raw in run) + "]"
+        yield location, ParseFailure(
+            text=text, error=f"{name} cannot be completed: row {where} is unreadable ({failure.error})",
+            error_class="IncompleteEpisode",
+        )
+
+
 def convert_to_batches(
-    chunk: Chunk, fn: Callable[[Any], Trajectory], batch_rows: int
+    chunk: Chunk, info: ConverterInfo, batch_rows: int
 ) -> Iterator[tuple[pa.RecordBatch, list[str], list[dict[str, Any]], Counter[str]]]:
     """A chunk -> (trajectory batch, its ids, quarantine rows, counts) for each run of
     `batch_rows` records: the same result as `convert_records` + `_to_batch` over the run,
@@ -152,7 +195,8 @@ def convert_to_batches(
     run's batch is in memory. A run with a value Arrow rejects (rare) is read and converted
     again by rows, which finds and quarantines the culprits one by one.
     """
-    records = read_chunk(chunk)
+    records = chunk_records(chunk, info)
+    fn = info.fn
     done = 0
     while True:
         builder = BatchBuilder()
@@ -162,7 +206,7 @@ def convert_to_batches(
         try:
             batch = builder.finish()
         except _ARROW_ERRORS:
-            again = itertools.islice(read_chunk(chunk), done, done + counts["in"])
+            again = itertools.islice(chunk_records(chunk, info), done, done + counts["in"])
             rows, ids, bad, counts = convert_records(again, fn)
             batch, ids = _to_batch(rows, ids, bad, counts)
         done += counts["in"]
@@ -170,7 +214,7 @@ def convert_to_batches(
 
 
 def convert_chunk(
-    chunk: Chunk, fn: Callable[[Any], Trajectory], dataset: Dataset, spill_dir: Path, *, max_rows: int, max_bytes: int
+    chunk: Chunk, info: ConverterInfo, dataset: Dataset, spill_dir: Path, *, max_rows: int, max_bytes: int
 ) -> ChunkResult:
     """Step 1: convert one chunk and write its shards into `spill_dir`, uncommitted; returns
     its ids, counts and staged shards."""
@@ -180,7 +224,7 @@ def convert_chunk(
     writer = dataset.unit(chunk.unit, max_rows=max_rows, max_bytes=max_bytes, staging=spill_dir)
     try:
         # One run per row group: the shards come out as if the chunk were written in one batch.
-        for batch, run_ids, run_bad, run_counts in convert_to_batches(chunk, fn, writer.row_group_rows):
+        for batch, run_ids, run_bad, run_counts in convert_to_batches(chunk, info, writer.row_group_rows):
             writer.write_batch("trajectories", batch)
             ids += run_ids
             bad += run_bad
