@@ -78,7 +78,8 @@ class BatchBuilder:
         details = _json_or_none(t.details)
         p = t.provenance
         provenance = (p.method, p.source_dataset, p.source_id, p.source_format, p.model, p.prompt_template_hash,
-                      p.seed, p.task_id, list(p.parent_ids), p.trajforge_version, p.created_at)
+                      p.seed, p.task_id, list(p.parent_ids), p.trajforge_version, p.created_at,
+                      p.schema_version)
         self.rows.append((t.id, t.source, steps, tools, t.reward, t.success, provenance, details))
 
     def finish(self) -> pa.RecordBatch:

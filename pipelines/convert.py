@@ -60,6 +60,7 @@ from pipelines.convert_work import (
     write_unit,
 )
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
+from schemas.models import SCHEMA_VERSION
 from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset, StoreError
 
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
@@ -111,7 +112,7 @@ def trajforge_version() -> str:
 
 def config_hash(source: str, converter: str, chunk_size: int) -> str:
     # Not the inputs: a unit name already encodes its input, and adding inputs to an output is fine.
-    key = f"convert\0{source}\0{converter}\0{chunk_size}\0{trajforge_version()}"
+    key = f"convert\0{source}\0{converter}\0{chunk_size}\0{trajforge_version()}\0{SCHEMA_VERSION}"
     return hashlib.sha256(key.encode()).hexdigest()
 
 

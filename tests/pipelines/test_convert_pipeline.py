@@ -22,8 +22,8 @@ from tests.pipelines._data import direct, uniform, write_jsonl, write_parquet
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _beam_temp_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("trajforge-*")}
+def _temp_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir()}
 
 
 def _leftovers(output: Path) -> list[Path]:
@@ -36,8 +36,12 @@ def _records(output: Path) -> dict:
     return {t.id: t for t in records}, len(records)
 
 
-def test_adp_samples_convert_like_direct_conversion_and_rerun_is_idempotent(tmp_path, adp_files, adp_records):
-    before = _beam_temp_dirs()
+def test_adp_samples_convert_like_direct_conversion_and_rerun_is_idempotent(tmp_path, adp_files, adp_records,
+                                                                          monkeypatch):
+    # A temp dir of this test's own: other processes on the machine use the shared one.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    before = _temp_dirs()
     output = tmp_path / "out"
     inputs = [str(f) for f in adp_files]
     summary = run_convert("adp", inputs, str(output), chunk_size=3)
@@ -52,7 +56,7 @@ def test_adp_samples_convert_like_direct_conversion_and_rerun_is_idempotent(tmp_
     assert n == len(expected) and got == expected
     assert summary.chunks == summary.chunks_done == len(plan_chunks(inputs, 3))
     assert Dataset.open(output).complete
-    assert not _leftovers(output) and _beam_temp_dirs() == before
+    assert not _leftovers(output) and _temp_dirs() == before
 
     again = run_convert("adp", inputs, str(output), chunk_size=3)
     assert again.chunks_done == 0 and again.chunks_skipped == summary.chunks
