@@ -14,12 +14,19 @@ rewritten, so a duplicate found later (in another chunk) could no longer be remo
 Staging costs nothing in the common case and buys a simple rule that holds on any runner
 and across resumes: per id, the copy already committed wins, otherwise the first in input
 order (input, chunk, position).
+
+Staged chunks are durable: step 1 ends by writing the chunk's result (`<unit>.result.json`,
+after its shards are synced), and a re-run after a kill takes a staged result instead of
+converting the chunk again (`load_result`), so only chunks that had not finished step 1 are
+converted again. The duplicate decision is the same either way: it sees the same ids at the
+same positions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,6 +60,8 @@ class ChunkResult:
     counts: dict[str, int] = field(default_factory=dict)
     # The unit's shards, written but not committed (`UnitWriter.stage`).
     staged: dict[str, Any] = field(default_factory=dict)
+    # Where this result is saved until the unit is committed ("" when not saved).
+    result_file: str = ""
 
 
 def quarantine_key(stage: str, error_class: str) -> str:
@@ -236,7 +245,67 @@ def convert_chunk(
     except BaseException:
         writer.abort()
         raise
-    return ChunkResult(chunk.unit, chunk.order, ids, dict(counts), staged)
+    return save_result(ChunkResult(chunk.unit, chunk.order, ids, dict(counts), staged), spill_dir)
+
+
+RESULT_SUFFIX = ".result.json"
+
+
+def save_result(result: ChunkResult, spill_dir: Path) -> ChunkResult:
+    """Make a staged chunk durable: its result, written after its shards (synced by the writer)."""
+    import orjson
+
+    path = spill_dir / f"{result.unit}{RESULT_SUFFIX}"
+    result.result_file = str(path)
+    data = {"unit": result.unit, "order": list(result.order), "ids": result.ids, "counts": result.counts,
+            "staged": result.staged}
+    tmp = spill_dir / f".{result.unit}{RESULT_SUFFIX}.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(orjson.dumps(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return result
+
+
+def load_result(spill_dir: Path, unit: str) -> ChunkResult | None:
+    """The staged result a killed run left for `unit`, or None (none, unreadable, or shards gone)."""
+    import orjson
+
+    path = spill_dir / f"{unit}{RESULT_SUFFIX}"
+    try:
+        data = orjson.loads(path.read_bytes())
+        result = ChunkResult(data["unit"], tuple(data["order"]), data["ids"], data["counts"], data["staged"], str(path))
+        files = [Path(e["tmp"]) for entries in result.staged["tables"].values() for e in entries]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if result.unit != unit or not all(f.is_file() for f in files):
+        return None
+    return result
+
+
+def saved_results(spill_dir: Path) -> dict[str, ChunkResult]:
+    """Every usable staged result in `spill_dir`, by unit."""
+    found = {}
+    for path in spill_dir.glob(f"*{RESULT_SUFFIX}"):
+        unit = path.name.removesuffix(RESULT_SUFFIX)
+        if (result := load_result(spill_dir, unit)) is not None:
+            found[unit] = result
+    return found
+
+
+def prune_staged(spill_dir: Path, finished: Iterable[str]) -> dict[str, ChunkResult]:
+    """Before a run: drop staged results of finished units and files no usable result lists
+    (a conversion killed mid-chunk); returns the results a run can take over."""
+    results = saved_results(spill_dir)
+    for unit in set(finished) & set(results):
+        _remove(*(Path(e["tmp"]) for es in results.pop(unit).staged["tables"].values() for e in es))
+    keep = {Path(e["tmp"]).name for r in results.values() for es in r.staged["tables"].values() for e in es}
+    keep |= {f"{unit}{RESULT_SUFFIX}" for unit in results}
+    for path in spill_dir.iterdir():
+        if path.name not in keep:
+            _remove(path)
+    return results
 
 
 def positions(result: ChunkResult) -> Iterator[tuple[str, Position]]:
@@ -297,9 +366,10 @@ def write_unit(
     """Step 2: commit a chunk's staged shards as one store unit; with duplicates to drop
     (rare), its rows are rewritten without them."""
     staged_files = [Path(e["tmp"]) for entries in result.staged["tables"].values() for e in entries]
+    saved = [Path(result.result_file)] if result.result_file else []
     if dataset.is_finished(result.unit):
         # A retried bundle: the unit was committed by the first attempt.
-        _remove(*staged_files)
+        _remove(*staged_files, *saved)
         return dataset.finished_units()[result.unit]["counts"]
     drop = set(losers)
     counts = Counter(result.counts)
@@ -309,6 +379,7 @@ def write_unit(
         raise AssertionError(f"unit {result.unit}: counts do not add up: {dict(counts)}")
     if not drop:
         dataset.commit_staged(result.unit, {**result.staged, "counts": {**result.staged["counts"], **counts}})
+        _remove(*saved)
         return dict(counts)
     tables = {table: _read_staged(entries, table) for table, entries in result.staged["tables"].items()}
     traj = tables.get("trajectories")
@@ -318,7 +389,7 @@ def write_unit(
         for table, data in tables.items():
             unit.write_batch(table, data)
         unit.counts.update(counts)
-    _remove(*staged_files)
+    _remove(*staged_files, *saved)
     return dict(counts)
 
 
@@ -329,8 +400,8 @@ def _read_staged(entries: list[dict[str, Any]], table: str) -> pa.Table:
 
 
 def staged_units(spill_dir: Path) -> set[str]:
-    """Units with shards staged in `spill_dir` (converted, not yet committed)."""
-    return {p.name.split(".", 1)[0] for p in spill_dir.glob("*.parquet")}
+    """Units staged in `spill_dir` (converted, not yet committed)."""
+    return {p.name.removesuffix(RESULT_SUFFIX) for p in spill_dir.glob(f"*{RESULT_SUFFIX}")}
 
 
 def _remove(*paths: Path) -> None:
