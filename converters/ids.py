@@ -24,13 +24,20 @@ HASH_CHARS = 12
 _CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
-def canonical_bytes(raw: Any) -> bytes:
-    """The canonical JSON of `raw`: sorted keys, compact, UTF-8 (lone surrogates kept as they are)."""
+def plain_canonical_bytes(raw: Any) -> bytes | None:
+    """The canonical JSON of `raw` (sorted keys, compact, UTF-8), or None when it holds what plain
+    JSON cannot (ints beyond 64 bits, lone surrogates)."""
     try:
         return orjson.dumps(raw, option=_CANONICAL)
     except TypeError:
-        # Big ints or lone surrogates (broken upstream text): hash them as they are.
-        return jsonutil.dumps(raw).encode("utf-8", "surrogatepass")
+        return None
+
+
+def canonical_bytes(raw: Any) -> bytes:
+    """`plain_canonical_bytes`, or for broken upstream text (big ints, lone surrogates) the same
+    values as they are."""
+    data = plain_canonical_bytes(raw)
+    return data if data is not None else jsonutil.dumps(raw).encode("utf-8", "surrogatepass")
 
 
 def content_hash(raw: Any) -> str:
@@ -38,9 +45,10 @@ def content_hash(raw: Any) -> str:
     return xxhash.xxh3_128_hexdigest(canonical_bytes(raw))
 
 
-def stable_id(source: str, source_id: str | None, raw: Any) -> str:
-    """`<source>/<source_id>~<12 hex>`, or `<source>/xxh3:<32 hex>` when the source has no id."""
-    digest = content_hash(raw)
+def stable_id(source: str, source_id: str | None, raw: Any, canonical: bytes | None = None) -> str:
+    """`<source>/<source_id>~<12 hex>`, or `<source>/xxh3:<32 hex>` when the source has no id.
+    `canonical`: `canonical_bytes(raw)` when the caller has it already."""
+    digest = xxhash.xxh3_128_hexdigest(canonical if canonical is not None else canonical_bytes(raw))
     if source_id is None or source_id == "":
         return f"{source}/xxh3:{digest}"
     return f"{source}/{source_id}~{digest[:HASH_CHARS]}"

@@ -60,6 +60,9 @@ class ConverterInfo:
     doc: str = ""
     episode_key: EpisodeKey | None = None
     split_row: SplitRow | None = None
+    # The trajectory row of `fn(raw)` (`pipelines.columns` layout), built without models (see
+    # `schemas.rows`), or None where `fn` must decide. Lets the pipeline skip model validation.
+    to_row: Callable[[Any], tuple[Any, ...] | None] | None = None
 
     def records(self, rows: Iterable[Any]) -> Iterator[Any]:
         """Raw rows, in order -> the records `fn` takes (the pipeline does the same, with locations)."""
@@ -80,6 +83,7 @@ def register(
     *,
     episode_key: EpisodeKey | None = None,
     split_row: SplitRow | None = None,
+    to_row: Callable[[Any], tuple[Any, ...] | None] | None = None,
 ) -> Callable[[Converter], Converter]:
     """Register `fn` as the converter for source `name` (ADP's dataset folder name)."""
 
@@ -88,7 +92,7 @@ def register(
             raise ValueError(f"converter {name!r} registered twice")
         module = importlib.import_module(fn.__module__)
         _REGISTRY[name] = ConverterInfo(name, fn, list(sources or []), (module.__doc__ or "").strip(),
-                                        episode_key, split_row)
+                                        episode_key, split_row, to_row)
         return fn
 
     return wrap

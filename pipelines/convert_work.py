@@ -87,16 +87,23 @@ def _raw_json(value: Any) -> str:
 
 
 def _convert(
-    records: Iterable[tuple[str, Any]], fn: Callable[[Any], Trajectory], add: Callable[[Trajectory], None]
+    records: Iterable[tuple[str, Any]],
+    info: ConverterInfo,
+    add: Callable[[Trajectory], None],
+    add_row: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]], Counter[str]]:
     """Convert records and hand each trajectory to `add`; anything that fails goes to quarantine rows.
 
-    Returns (ids of the added trajectories, quarantine rows, counts). The converter validates
-    (it returns a pydantic Trajectory), so nothing is validated twice.
+    With `add_row` and a converter that builds rows without models (`ConverterInfo.to_row`), a
+    record it vouches for goes to `add_row` as a ready row; any other record takes the
+    converter's own path (the models validate it, or reject it naming the problem).
+    Returns (ids of the added trajectories, quarantine rows, counts).
     """
     ids: list[str] = []
     bad: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
+    fn = info.fn
+    to_row = info.to_row if add_row is not None else None
     for location, raw in records:
         counts["in"] += 1
         if isinstance(raw, ParseFailure):
@@ -104,6 +111,11 @@ def _convert(
             counts[quarantine_key("parse", raw.error_class)] += 1
             continue
         try:
+            row = to_row(raw) if to_row is not None else None
+            if row is not None:
+                add_row(row)  # type: ignore[misc]
+                ids.append(row[0])
+                continue
             traj = fn(raw)
             if not isinstance(traj, Trajectory):
                 raise TypeError(f"converter returned {type(traj).__name__}, expected Trajectory")
@@ -121,7 +133,7 @@ def convert_records(
 ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]], Counter[str]]:
     """Convert records to trajectory rows (dicts); returns (rows, their ids, quarantine rows, counts)."""
     rows: list[dict[str, Any]] = []
-    ids, bad, counts = _convert(records, fn, lambda t: rows.append(trajectory_to_row(t)))
+    ids, bad, counts = _convert(records, ConverterInfo("", fn), lambda t: rows.append(trajectory_to_row(t)))
     return rows, ids, bad, counts
 
 
@@ -205,18 +217,17 @@ def convert_to_batches(
     again by rows, which finds and quarantines the culprits one by one.
     """
     records = chunk_records(chunk, info)
-    fn = info.fn
     done = 0
     while True:
         builder = BatchBuilder()
-        ids, bad, counts = _convert(itertools.islice(records, batch_rows), fn, builder.add)
+        ids, bad, counts = _convert(itertools.islice(records, batch_rows), info, builder.add, builder.add_row)
         if not counts["in"]:
             return
         try:
             batch = builder.finish()
         except _ARROW_ERRORS:
             again = itertools.islice(chunk_records(chunk, info), done, done + counts["in"])
-            rows, ids, bad, counts = convert_records(again, fn)
+            rows, ids, bad, counts = convert_records(again, info.fn)
             batch, ids = _to_batch(rows, ids, bad, counts)
         done += counts["in"]
         yield batch, ids, bad, counts
