@@ -46,6 +46,10 @@ def test_episodes_split_over_chunks_and_input_files_are_whole(tmp_path: Path) ->
     expected = _api("nnetnav-wa", rows)
     assert _written(tmp_path / "out") == expected
     assert sorted(len([s for s in t.steps if s.kind == "web"]) for t in expected.values()) == [4, 9, 9, 21, 25]
+    # compressed JSONL is read from its start, not by byte offset: the same episodes
+    packed = [str(write_jsonl(tmp_path / "a.jsonl.gz", rows[:35])), str(write_jsonl(tmp_path / "b.jsonl.zst", rows[35:]))]
+    run_convert("nnetnav-wa", packed, str(tmp_path / "packed"), chunk_size=6)
+    assert _written(tmp_path / "packed") == expected
 
 
 def test_episode_rows_in_parquet_and_a_broken_row_quarantines_its_episode(tmp_path: Path) -> None:
