@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from schemas import jsonutil
 from schemas.models import SCHEMA_VERSION
 
 _dumps = jsonutil.dumps
+_plain = orjson.dumps
 ORIGINS = frozenset({"user", "agent", "environment"})
 _LABELS = frozenset({"good", "bad", "unknown"})
 _COMMON = frozenset({"kind", "tool_call_id", "reward", "label", "train", "extra"})
@@ -46,10 +49,6 @@ class Unsure(Exception):
     """A value these checks do not decide themselves: the models must."""
 
 
-def json_or_none(value: Any) -> str | None:
-    return _dumps(value) if value else None
-
-
 def opt_str(value: Any) -> str | None:
     if value is None or type(value) is str:
         return value
@@ -71,11 +70,21 @@ def opt_float(value: Any) -> float | None:
     raise Unsure
 
 
-def mapping(value: Any) -> dict[str, Any]:
-    """A `dict[str, Any]` field's value."""
-    if type(value) is not dict or not all(type(k) is str for k in value):
+def mapping_json(value: Any) -> str:
+    """A `dict[str, Any]` field's value as its JSON text (what `jsonutil.dumps` gives). Plain
+    JSON encoding vouches for the keys being str (orjson refuses any other key); a value it
+    cannot encode (non-str keys, big ints, lone surrogates) is left to the models."""
+    if type(value) is not dict:
         raise Unsure
-    return value
+    try:
+        return _plain(value).decode()
+    except TypeError:
+        raise Unsure from None
+
+
+def mapping_json_or_none(value: Any) -> str | None:
+    text = mapping_json(value)
+    return None if text == "{}" else text
 
 
 def origin(value: Any) -> str:
@@ -123,7 +132,7 @@ def viewport(value: Any) -> list[int] | None:
 # content, source, name, url, html, axtree, image, viewport, reward, label, train, extra.
 def api_step(thought: Any, reasoning: Any, function: Any, arguments: Any) -> tuple[Any, ...]:
     """An api action with the models' defaults for the common fields."""
-    return ("api", None, opt_str(thought), opt_str(reasoning), text(function), _dumps(mapping(arguments)), None,
+    return ("api", None, opt_str(thought), opt_str(reasoning), text(function), mapping_json(arguments), None,
             None, None, None, None, None, None, None, None, None, "unknown", True, None)
 
 
@@ -166,7 +175,7 @@ def _with_common(step: tuple[Any, ...], d: dict[str, Any]) -> tuple[Any, ...]:
     train = get("train", True)
     if type(label) is not str or label not in _LABELS or type(train) is not bool:
         raise Unsure
-    extra = json_or_none(mapping(d["extra"])) if "extra" in d else None
+    extra = mapping_json_or_none(d["extra"]) if "extra" in d else None
     return (step[0], opt_str(get("tool_call_id")), *step[2:15], opt_float(get("reward")), label, train, extra)
 
 
@@ -215,7 +224,7 @@ def trajectory_row(
             raise Unsure
         parameters = tool.get("parameters")
         tool_rows.append((text(tool.get("name")), opt_str(tool.get("description")),
-                          None if parameters is None else _dumps(mapping(parameters))))
+                          None if parameters is None else mapping_json(parameters)))
     if success is not None and type(success) is not bool:
         raise Unsure
     p = provenance
@@ -231,7 +240,7 @@ def trajectory_row(
             seed, opt_str(p.get("task_id")), list(parents), opt_str(p.get("trajforge_version")), None,
             opt_str(p.get("schema_version", SCHEMA_VERSION)))
     return (id_, source, steps, tool_rows, opt_float(reward), success, prov,
-            json_or_none(mapping(details)))
+            mapping_json_or_none(details))
 
 
 def row_from_dict(obj: Any) -> tuple[Any, ...] | None:
