@@ -87,6 +87,8 @@ def print_summary(summary: object) -> None:
     table.add_row("chunks", f"{summary.chunks} ({summary.chunks_done} done{reused}, {summary.chunks_skipped} skipped)")
     if summary.workers > 1:
         table.add_row("worker processes", str(summary.workers))
+    if c["rows"] and c["rows"] != c["in"]:
+        table.add_row("rows read", str(c["rows"]))
     table.add_row("records in", str(c["in"]))
     table.add_row("out", str(c["out"]))
     table.add_row("quarantined", str(c["quarantined"]))

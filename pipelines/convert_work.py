@@ -162,17 +162,24 @@ def _to_batch(
     return pa.RecordBatch.from_pylist(keep_rows, schema=TRAJECTORY_SCHEMA), keep_ids
 
 
-def chunk_records(chunk: Chunk, info: ConverterInfo) -> Iterator[tuple[str, Any]]:
+def chunk_records(chunk: Chunk, info: ConverterInfo, read: Counter[str] | None = None) -> Iterator[tuple[str, Any]]:
     """(location, record) for each record the chunk's rows make, as `ConverterInfo.records` makes
     them: a row split into its records (`file#3[1]`), or consecutive step rows grouped into one
     episode (`file:10..file:18`). An episode holding an unreadable row cannot be completed: it
-    comes out as one ParseFailure naming the episode and the row, with all its rows' text."""
-    pairs: Iterator[tuple[str, Any]] = read_chunk(chunk)
+    comes out as one ParseFailure naming the episode and the row, with all its rows' text.
+    `read["rows"]` counts the rows read."""
+    pairs: Iterator[tuple[str, Any]] = read_chunk(chunk) if read is None else _counted(read_chunk(chunk), read)
     if info.split_row is not None:
         pairs = _split(pairs, info.split_row)
     if info.episode_key is not None:
         pairs = _episodes(pairs, info.episode_key)
     return pairs
+
+
+def _counted(pairs: Iterator[tuple[str, Any]], read: Counter[str]) -> Iterator[tuple[str, Any]]:
+    for pair in pairs:
+        read["rows"] += 1
+        yield pair
 
 
 def _split(pairs: Iterable[tuple[str, Any]], split: Callable[[Any], list[Any]]) -> Iterator[tuple[str, Any]]:
@@ -205,7 +212,7 @@ def _episodes(pairs: Iterable[tuple[str, Any]], key_of: Callable[[Any], Any]) ->
 
 
 def convert_to_batches(
-    chunk: Chunk, info: ConverterInfo, batch_rows: int
+    chunk: Chunk, info: ConverterInfo, batch_rows: int, read: Counter[str] | None = None
 ) -> Iterator[tuple[pa.RecordBatch, list[str], list[dict[str, Any]], Counter[str]]]:
     """A chunk -> (trajectory batch, its ids, quarantine rows, counts) for each run of
     `batch_rows` records: the same result as `convert_records` + `_to_batch` over the run,
@@ -216,7 +223,7 @@ def convert_to_batches(
     run's batch is in memory. A run with a value Arrow rejects (rare) is read and converted
     again by rows, which finds and quarantines the culprits one by one.
     """
-    records = chunk_records(chunk, info)
+    records = chunk_records(chunk, info, read)
     done = 0
     while True:
         builder = BatchBuilder()
@@ -241,16 +248,18 @@ def convert_chunk(
     ids: list[str] = []
     bad: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
+    read: Counter[str] = Counter()
     writer = dataset.unit(chunk.unit, max_rows=max_rows, max_bytes=max_bytes, staging=spill_dir)
     try:
         # One run per row group: the shards come out as if the chunk were written in one batch.
-        for batch, run_ids, run_bad, run_counts in convert_to_batches(chunk, info, writer.row_group_rows):
+        for batch, run_ids, run_bad, run_counts in convert_to_batches(chunk, info, writer.row_group_rows, read):
             writer.write_batch("trajectories", batch)
             ids += run_ids
             bad += run_bad
             counts.update(run_counts)
         counts["converted"] = len(ids)
         counts["quarantined"] = len(bad)
+        counts["rows"] = read["rows"]  # raw rows, when records are episodes of rows or split from them
         writer.write_batch("quarantine", pa.RecordBatch.from_pylist(bad, schema=QUARANTINE_SCHEMA))
         staged = writer.stage()
     except BaseException:

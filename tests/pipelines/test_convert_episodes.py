@@ -84,3 +84,19 @@ def test_session_lists_are_split_into_their_items(tmp_path: Path) -> None:
     assert summary.counts["in"] == summary.counts["out"] == sum(len(s) for s in sessions)
     locations = {t.provenance.source_id for t in Dataset.open(out).iter_records()}
     assert f"{sessions[1][3]['session_id']}_3" in locations
+
+
+def test_the_flow_convert_stage_groups_episodes_across_its_inputs(tmp_path: Path) -> None:
+    import yaml
+
+    from flows.pipeline import convert_stage
+    from flows.pipeline_config import load_pipeline_config
+
+    rows = _rows("nnetnav-wa")
+    first, second = write_jsonl(tmp_path / "a.jsonl", rows[:25]), write_jsonl(tmp_path / "b.jsonl", rows[25:])
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "run"), "convert": [
+        {"name": "nav", "source": "nnetnav-wa", "inputs": [str(first), str(second)], "chunk_size": 4}]}))
+    state = convert_stage.fn(load_pipeline_config(config), 0)  # the task's body, without a Prefect server
+    assert state["counts"]["in"] == state["counts"]["out"] == 5
+    assert _written(Path(state["output"])) == _api("nnetnav-wa", rows)
