@@ -50,6 +50,8 @@ class _DropRunningModeWarning(logging.Filter):
         return "direct_running_mode" not in record.getMessage()
 
 
+_RUNNING_MODE_FILTER = _DropRunningModeWarning()
+
 # Importing Beam logs a warning about optional GCP client libraries; it is noise for a CLI.
 _filter = _DropGcpImportWarning()
 logging.getLogger().addFilter(_filter)
@@ -284,7 +286,7 @@ def _local_runner(runner: str, workers: int) -> tuple[Any, list[str]]:
     if driver is None:  # no /proc: Beam's own worker
         return runner, [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
     command = f"{shlex.quote(sys.executable)} -m pipelines.convert_worker {driver[0]} {driver[1]}"
-    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_DropRunningModeWarning())
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_RUNNING_MODE_FILTER)
     environment = SubprocessSDKEnvironment.from_command_string(command_string=command)
     return FnApiRunner(default_environment=environment), [f"--direct_num_workers={workers}"]
 

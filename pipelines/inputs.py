@@ -9,7 +9,8 @@ named `<short sha of the input>-<chunk index>`, so a re-run maps the same chunk 
 same unit. For a converter whose records are episodes of step rows (an `episode_key`), the
 inputs are one stream of rows in input order and each chunk is moved to start where an
 episode starts: an episode split over two chunks or two input files belongs whole to the
-chunk it starts in, which reads on past its end (`Chunk.ranges`). `read_chunk` yields the chunk's records with a stable location string
+chunk it starts in, which reads on past its end (`Chunk.ranges`).
+`read_chunk` yields the chunk's records with a stable location string
 (`file:line` for JSONL, `file#index` for JSON, `file@row` for Parquet and datasets).
 A JSONL line that is not valid JSON is yielded as a `ParseFailure` (it goes to
 quarantine); a missing or unreadable input raises `InputError` (fatal).
@@ -217,7 +218,9 @@ class _Stream:
                 continue
             for start in range(row, whole.stop, _FORWARD_WINDOW):
                 window = dataclasses.replace(whole, start=start, stop=min(start + _FORWARD_WINDOW, whole.stop))
-                for number, (_, raw) in enumerate(read_chunk(window), start):
+                for number, (location, raw) in enumerate(read_chunk(window), start):
+                    if whole.kind.startswith("jsonl-"):  # blank lines are skipped: take the line's number
+                        number = int(location.rsplit(":", 1)[1]) - 1
                     yield _Pos(i, number), raw
 
     def backward(self, pos: _Pos) -> Iterator[Any]:
@@ -229,7 +232,8 @@ class _Stream:
                 yield from _lines_before(whole.input, byte, row)
                 continue
             for number in range(row - 1, -1, -1):
-                yield next(iter(read_chunk(dataclasses.replace(whole, start=number, stop=number + 1))))[1]
+                one = read_chunk(dataclasses.replace(whole, start=number, stop=number + 1))
+                yield next(iter(one), (None, None))[1]  # a blank line reads as None
 
 
 def _parse_row(path: str, number: int, line: bytes) -> Any:

@@ -3,6 +3,7 @@ fall into chunks and input files; an episode with an unreadable row is quarantin
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import orjson
@@ -100,3 +101,16 @@ def test_the_flow_convert_stage_groups_episodes_across_its_inputs(tmp_path: Path
     state = convert_stage.fn(load_pipeline_config(config), 0)  # the task's body, without a Prefect server
     assert state["counts"]["in"] == state["counts"]["out"] == 5
     assert _written(Path(state["output"])) == _api("nnetnav-wa", rows)
+
+
+def test_blank_lines_in_compressed_step_rows_do_not_move_episode_starts(tmp_path: Path) -> None:
+    rows = _rows("nnetnav-wa")
+    lines = [orjson.dumps(r) for r in rows]
+    for i in (3, 8, 9, 20):
+        lines[i] += b"\n"  # a blank line after rows 3, 8, 9 and 20
+    source = tmp_path / "steps.jsonl.gz"
+    source.write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
+    chunks = plan_chunks([str(source)], 5, get_converter("nnetnav-wa").episode_key)
+    assert [raw for c in chunks for _, raw in read_chunk(c)] == rows
+    starts = [next(read_chunk(c))[1]["id"] for c in chunks if c.rows]
+    assert starts == list(dict.fromkeys(starts))  # no episode starts in two chunks
