@@ -26,9 +26,11 @@ ADP's task / title / task_description / keywords.
 Differs from ADP:
 - ADP caches each task's parsed page across records and keeps mutating it, so a task's second record
   starts from the first one's answers; here every record starts from its own page.
-- 11 templates build their fields with scripts; ADP renders those in a headless browser. Pass
-  `render` (html -> rendered html) to do the same; without it those pages are parsed as shipped,
-  their script-built fields are missing, and `details["dynamic_template"]` says so.
+- 11 templates build their fields with scripts; ADP renders those in a headless browser. `render`
+  (html -> rendered html) does the same; the convert pipeline passes one that renders in Chromium
+  with every network request refused (`pipelines.convert_render`: inline scripts run, scripts from
+  a CDN do not). Without it those pages are parsed as shipped, their script-built fields are
+  missing, and `details["dynamic_template"]` says "not rendered".
 - A field name with both quote kinds (no valid XPath literal in ADP's form) or a select without
   options (ADP fails) is skipped instead of failing the record; skipped answers are listed in
   `details["skipped_fields"]`.

@@ -74,6 +74,7 @@ from pipelines.convert_work import (
     staged_units,
     write_unit,
 )
+from pipelines.convert_render import with_renderer
 from pipelines.convert_worker import driver_identity
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
 from schemas.models import SCHEMA_VERSION
@@ -148,8 +149,13 @@ class ConvertChunk(beam.DoFn):
         self.records_in = beam.metrics.Metrics.counter("convert", "records_in")
 
     def setup(self) -> None:
-        self.info = get_converter(self.source)  # registry import happens on the worker
+        # The registry import happens on the worker; so does the browser, for converters that render pages.
+        self.info, self.renderer = with_renderer(get_converter(self.source))
         self.dataset = Dataset(Path(self.output))
+
+    def teardown(self) -> None:
+        if self.renderer is not None:
+            self.renderer.close()
 
     def process(self, chunk: Chunk) -> Any:
         result = load_result(Path(self.spill_dir), chunk.unit)
