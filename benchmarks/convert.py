@@ -9,7 +9,7 @@ sample_std records repeated with unique ids; default 20,000, about 500 MiB; use
       `pick_losers`, `write_unit`: exactly what the pipeline's steps run, minus Beam);
   (c) the full Beam pipeline (`run_convert`, what `trajforge convert` runs: FnApiRunner with its
       default worker processes, one per core from 40,000 records; `--workers N` to choose).
-The target applies to (c)/(a), the throughput a user gets; (b)/(a) is the per-core figure, also
+Targets: (c)/(a) >= 0.5, the throughput a user gets; (b)/(a) >= 0.3, the per-core figure, also
 given in CPU seconds of this process, which a busy machine disturbs less.
 """
 
@@ -31,6 +31,7 @@ from benchmarks._common import peak_rss_mb, print_rows, row, write_results
 ROOT = Path(__file__).resolve().parent.parent
 
 TARGET = 0.5
+TARGET_ONE_PROCESS = 0.3
 REFERENCE = "parse-only: orjson.loads per line, 1 process"
 ADP_DIR = ROOT / "samples" / "adp"
 # The standardized samples the input cycles through: a fixed set, so results stay comparable as
@@ -194,13 +195,14 @@ def main(argv: list[str] | None = None) -> None:
         ratio = path_rate / parse_rate
         cpu_ratio = cpu_parse / cpu_path
         print(f"(b) conversion path (1 process): {path_rate:,.0f} records/s ({t_path:.1f}s; {phases}); "
-              f"ratio {ratio:.2f}; in CPU seconds {cpu_ratio:.2f}")
+              f"ratio {ratio:.2f} (target >= {TARGET_ONE_PROCESS}); in CPU seconds {cpu_ratio:.2f}")
         shutil.rmtree(tmp / "out-path")
 
         beam: dict[str, Any] = {}
         rows = [
             row("parse-only (reference)", parse_rate, "records/s"),
-            row("conversion path, 1 process (per core)", path_rate, "records/s", parse_rate, REFERENCE),
+            row("conversion path, 1 process (per core)", path_rate, "records/s", parse_rate, REFERENCE,
+                f">= {TARGET_ONE_PROCESS}", ratio >= TARGET_ONE_PROCESS),
         ]
         if args.workers >= 0:
             counts_b, t_beam, used = beam_pipeline(path, tmp / "out-beam", args.source, args.chunk_size, args.workers)
