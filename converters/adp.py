@@ -233,23 +233,23 @@ def _step_row(obj: Any) -> tuple[Any, ...]:
     base = _BASE_SETS.get(cls) if type(cls) is str else None
     if base is None or obj.keys() != base:  # optional or extra keys: through the step's dict
         return rows.step_row(step_from_adp(obj))
-    get = obj.get
+    # Exactly the class's keys: each is there.
     if cls == "api_action":
-        kwargs = get("kwargs")
-        return rows.api_step(get("description"), None, get("function"), kwargs if kwargs is not None else {})
+        kwargs = obj["kwargs"]
+        return rows.api_step(obj["description"], None, obj["function"], kwargs if kwargs is not None else {})
     if cls == "code_action":
-        return rows.code_step(get("description"), None, get("language"), get("content"))
+        return rows.code_step(obj["description"], None, obj["language"], obj["content"])
     if cls == "message_action":
-        return rows.message_step(get("description"), None, get("content"))
+        return rows.message_step(obj["description"], None, obj["content"])
     if cls == "text_observation":
-        return rows.text_step(get("content"), get("source"), get("name"))
+        return rows.text_step(obj["content"], obj["source"], obj["name"])
     if cls == "json_observation":
-        return rows.json_step(get("content"), get("source"), get("name"))
+        return rows.json_step(obj["content"], obj["source"], obj["name"])
     if cls == "image_observation":
         return rows.image_step(rows.image(_image_from_adp(obj)))
-    screenshot = get("image_observation")
-    return rows.web_step(get("url"), get("html"), get("axtree"),
-                         rows.image(_image_from_adp(screenshot)) if screenshot else None, get("viewport_size"))
+    screenshot = obj["image_observation"]
+    return rows.web_step(obj["url"], obj["html"], obj["axtree"],
+                         rows.image(_image_from_adp(screenshot)) if screenshot else None, obj["viewport_size"])
 
 
 def adp_row(record: Any, source: str = "adp") -> tuple[Any, ...] | None:

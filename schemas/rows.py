@@ -129,31 +129,45 @@ def viewport(value: Any) -> list[int] | None:
 
 
 # Step tuples in STEP_TYPE order: kind, tool_call_id, thought, reasoning, function, arguments, language,
-# content, source, name, url, html, axtree, image, viewport, reward, label, train, extra.
+# content, source, name, url, html, axtree, image, viewport, reward, label, train, extra; the common
+# fields at the models' defaults. The checks are spelled out: these run once per step.
+def _opt(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
 def api_step(thought: Any, reasoning: Any, function: Any, arguments: Any) -> tuple[Any, ...]:
-    """An api action with the models' defaults for the common fields."""
-    return ("api", None, opt_str(thought), opt_str(reasoning), text(function), mapping_json(arguments), None,
-            None, None, None, None, None, None, None, None, None, "unknown", True, None)
+    if not (_opt(thought) and _opt(reasoning) and type(function) is str):
+        raise Unsure
+    return ("api", None, thought, reasoning, function, mapping_json(arguments), None, None, None, None, None, None,
+            None, None, None, None, "unknown", True, None)
 
 
 def code_step(thought: Any, reasoning: Any, language: Any, content: Any) -> tuple[Any, ...]:
-    return ("code", None, opt_str(thought), opt_str(reasoning), None, None, text(language), text(content), None,
-            None, None, None, None, None, None, None, "unknown", True, None)
+    if not (_opt(thought) and _opt(reasoning) and type(language) is str and type(content) is str):
+        raise Unsure
+    return ("code", None, thought, reasoning, None, None, language, content, None, None, None, None, None, None,
+            None, None, "unknown", True, None)
 
 
 def message_step(thought: Any, reasoning: Any, content: Any) -> tuple[Any, ...]:
-    return ("message", None, opt_str(thought), opt_str(reasoning), None, None, None, text(content), None, None,
-            None, None, None, None, None, None, "unknown", True, None)
+    if not (_opt(thought) and _opt(reasoning) and type(content) is str):
+        raise Unsure
+    return ("message", None, thought, reasoning, None, None, None, content, None, None, None, None, None, None,
+            None, None, "unknown", True, None)
 
 
 def text_step(content: Any, source: Any, name: Any) -> tuple[Any, ...]:
-    return ("text", None, None, None, None, None, None, text(content), origin(source), opt_str(name), None, None,
-            None, None, None, None, "unknown", True, None)
+    if not (type(content) is str and type(source) is str and source in ORIGINS and _opt(name)):
+        raise Unsure
+    return ("text", None, None, None, None, None, None, content, source, name, None, None, None, None, None, None,
+            "unknown", True, None)
 
 
 def json_step(content: Any, source: Any, name: Any) -> tuple[Any, ...]:
-    return ("json", None, None, None, None, None, None, _dumps(content), origin(source), opt_str(name), None, None,
-            None, None, None, None, "unknown", True, None)
+    if not (type(source) is str and source in ORIGINS and _opt(name)):
+        raise Unsure
+    return ("json", None, None, None, None, None, None, _dumps(content), source, name, None, None, None, None, None,
+            None, "unknown", True, None)
 
 
 def image_step(image_row: dict[str, Any] | None) -> tuple[Any, ...]:
@@ -164,8 +178,10 @@ def image_step(image_row: dict[str, Any] | None) -> tuple[Any, ...]:
 
 
 def web_step(url: Any, html: Any, axtree: Any, screenshot: dict[str, Any] | None, view: Any) -> tuple[Any, ...]:
-    return ("web", None, None, None, None, None, None, None, None, None, opt_str(url), opt_str(html), opt_str(axtree),
-            screenshot, viewport(view), None, "unknown", True, None)
+    if not (_opt(url) and _opt(html) and _opt(axtree)):
+        raise Unsure
+    return ("web", None, None, None, None, None, None, None, None, None, url, html, axtree, screenshot,
+            viewport(view), None, "unknown", True, None)
 
 
 def _with_common(step: tuple[Any, ...], d: dict[str, Any]) -> tuple[Any, ...]:
