@@ -84,9 +84,12 @@ def print_summary(summary: object) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_row("inputs", str(len(summary.inputs)))
-    table.add_row("chunks", f"{summary.chunks} ({summary.chunks_done} done, {summary.chunks_skipped} skipped)")
+    reused = f", {summary.chunks_reused} of them converted before a kill" if summary.chunks_reused else ""
+    table.add_row("chunks", f"{summary.chunks} ({summary.chunks_done} done{reused}, {summary.chunks_skipped} skipped)")
     if summary.workers > 1:
         table.add_row("worker processes", str(summary.workers))
+    if c["rows"] and c["rows"] != c["in"]:
+        table.add_row("rows read", str(c["rows"]))
     table.add_row("records in", str(c["in"]))
     table.add_row("out", str(c["out"]))
     table.add_row("quarantined", str(c["quarantined"]))

@@ -123,12 +123,13 @@ def _task(name: str):
 @_task("convert")
 def convert_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
     from pipelines.convert import DEFAULT_CHUNK_SIZE, run_convert
+    from schemas.models import SCHEMA_VERSION
 
     entry = cfg.convert[index]
     out = cfg.stage_dir("convert", entry.name)
     inputs = entry.resolved_inputs()
     chunk = entry.chunk_size or DEFAULT_CHUNK_SIZE
-    key = stage_key("convert", entry.source, inputs, chunk, _version())
+    key = stage_key("convert", entry.source, inputs, chunk, _version(), SCHEMA_VERSION)
     if (done := _skip(cfg, "convert", entry.name, key, out)) is not None:
         return done
     summary = run_convert(entry.source, inputs, str(out), chunk_size=chunk)

@@ -55,7 +55,8 @@ from tests.reliability._jobs import retail_agent
 
 sys.path.insert(0, str(REPO / "tests" / "converters"))
 from _compare import available  # noqa: E402
-from test_fuzz import _paths, _set, json_values, seeds  # noqa: E402
+from _fuzz import replaced, value_paths  # noqa: E402
+from test_fuzz import json_values, seeds  # noqa: E402
 
 SETTINGS = dict(deadline=None, derandomize=False, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -95,10 +96,10 @@ def _record(draw: Any, name: str) -> tuple[Any, bool]:
     if kind == "sample":
         return base, True
     for _ in range(draw(st.integers(1, 3))):
-        path = draw(st.sampled_from(_paths(base)))
+        path = draw(st.sampled_from(value_paths(base)))
         value = draw(json_values)
         try:
-            base = _set(base, path, lambda _: value)
+            base = replaced(base, path, lambda _: value)
         except (KeyError, IndexError, TypeError):
             continue
     return base, True

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.models import Quarantined
+from schemas.models import SCHEMA_VERSION, Quarantined
 from schemas.store import MANIFEST, Dataset, StoreError
 from tests.conftest import REPO
 from tests.factories import pair, tool_trajectory
@@ -39,7 +39,7 @@ def test_units_write_bounded_zstd_shards_and_read_back(tmp_path):
     assert [p.id for p in ds.iter_records("pairs")] == ["pair/0"]
     assert ds.count("quarantine") == 1
     manifest = json.loads((ds.path / MANIFEST).read_text())
-    assert manifest["config_hash"] == "h1" and manifest["schema_version"] == "1.0"
+    assert manifest["config_hash"] == "h1" and manifest["schema_version"] == SCHEMA_VERSION
     assert manifest["units"]["u0"]["counts"] == {"trajectories": 25, "pairs": 1, "quarantine": 1}
     assert [e["rows"] for e in manifest["units"]["u0"]["tables"]["trajectories"]] == [10, 10, 5]
 
