@@ -155,7 +155,7 @@ class EnvMethod(GenerationMethod):
             reward=reward,
             success=evaluation.success if evaluation is not None else None,
             provenance=self.provenance(task.id, parents=parents, seed=task.seed if seed is None else seed)
-            .model_copy(update={"source_id": task.id}),
+            .model_copy(update={"source_id": task.id, "task_split": split}),
             details={"task": task.model_dump(mode="json"), "env": self.envs.describe(),
                      "env_config": self.config.env_config,
                      **({"split": split} if split else {}),

@@ -82,7 +82,7 @@ class BatchBuilder:
         p = t.provenance
         provenance = (p.method, p.source_dataset, p.source_id, p.source_format, p.model, p.prompt_template_hash,
                       p.seed, p.task_id, list(p.parent_ids), p.trajforge_version, p.created_at,
-                      p.schema_version)
+                      p.schema_version, p.task_split)
         self.rows.append((t.id, t.source, steps, tools, t.reward, t.success, provenance, details))
 
     def add_row(self, row: tuple[Any, ...]) -> None:

@@ -78,6 +78,7 @@ PROVENANCE_TYPE = pa.struct(
         pa.field("trajforge_version", pa.string()),
         pa.field("created_at", _TIMESTAMP),
         pa.field("schema_version", pa.string()),
+        pa.field("task_split", pa.string()),
     ]
 )
 
@@ -247,6 +248,7 @@ def provenance_to_row(p: Provenance) -> dict[str, Any]:
         "trajforge_version": p.trajforge_version,
         "created_at": p.created_at,
         "schema_version": p.schema_version,
+        "task_split": p.task_split,
     }
 
 

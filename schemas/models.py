@@ -173,6 +173,9 @@ class Provenance(_Model):
     created_at: UtcDatetime | None = None
     # The interlingua version the record was made under (its id scheme among other rules).
     schema_version: str | None = SCHEMA_VERSION
+    # The split of the task's benchmark (e.g. tau2's train / test) a generated record ran: no training
+    # on test tasks by accident.
+    task_split: str | None = None
 
 
 class Trajectory(_Model):

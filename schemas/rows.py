@@ -35,7 +35,7 @@ _STEP_KEYS = {
     "web": _COMMON | {"url", "html", "axtree", "screenshot", "viewport"},
 }
 _PROVENANCE = ("method", "source_dataset", "source_id", "source_format", "model", "prompt_template_hash", "seed",
-               "task_id", "parent_ids", "trajforge_version", "created_at", "schema_version")
+               "task_id", "parent_ids", "trajforge_version", "created_at", "schema_version", "task_split")
 _PROVENANCE_KEYS = frozenset(_PROVENANCE)
 _TRAJECTORY_KEYS = frozenset({"id", "source", "steps", "tools", "reward", "success", "provenance", "details"})
 _TOOL_KEYS = frozenset({"name", "description", "parameters"})
@@ -254,7 +254,7 @@ def trajectory_row(
     prov = (opt_str(p.get("method")), opt_str(p.get("source_dataset")), opt_str(p.get("source_id")),
             opt_str(p.get("source_format")), opt_str(p.get("model")), opt_str(p.get("prompt_template_hash")),
             seed, opt_str(p.get("task_id")), list(parents), opt_str(p.get("trajforge_version")), None,
-            opt_str(p.get("schema_version", SCHEMA_VERSION)))
+            opt_str(p.get("schema_version", SCHEMA_VERSION)), opt_str(p.get("task_split")))
     return (id_, source, steps, tool_rows, opt_float(reward), success, prov,
             mapping_json_or_none(details))
 

@@ -231,6 +231,7 @@ def test_generate_on_an_mcp_server_killed_resumes_without_repeats_or_orphan_serv
     assert ds.count("quarantine") == 0, list(ds.iter_records("quarantine"))
     for traj in ds.iter_records():
         assert traj.details["evaluation"]["reason"] and traj.provenance.task_id.startswith("tau2-retail-")
+        assert traj.provenance.task_split == "train"  # no training on benchmark test tasks by accident
     assert_no_duplicate_ids(ds)
     assert not _servers_of(servers_root)
 
