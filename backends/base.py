@@ -11,24 +11,26 @@ import random
 import re
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, ClassVar, TypeVar
+from typing import Any, Awaitable, Callable, ClassVar, TypeVar
 
 import orjson
 from pydantic import BaseModel
 
 from backends.cache import ResponseCache, request_digest, sample_key
 from backends.config import LLMConfig
-from backends.errors import OVERLOAD, BackendError, LLMRequestError
+from backends.errors import OVERLOAD, BackendError, CapabilityError, LLMRequestError
 from backends.jsonrepair import extract_json
 from backends.ledger import FailureLedger
 from backends.limiter import AdaptiveLimiter, backoff_delay
 from backends.redact import Redactor
+from backends.scoring import ScoringUnsupported, TokenLogprob, decode, encode
 from backends.stats import Stats
 from backends.types import ChatRequest, Completion
 
 log = logging.getLogger("trajforge.backends")
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class LLM(ABC):
@@ -59,6 +61,10 @@ class LLM(ABC):
 
     async def _close(self) -> None:
         """Release transport/engine resources."""
+
+    async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
+        """One raw scoring call: the logprob of every prompt token. Backends that can score override it."""
+        raise ScoringUnsupported(f"the {self.backend_name} backend cannot score prompts (no prompt logprobs)")
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -107,6 +113,28 @@ class LLM(ABC):
         assert request is not None
         self._give_up(request, "invalid_structured_output", problem, self.config.structured_attempts)
         return None
+
+    async def prompt_logprobs(self, messages: list[dict[str, Any]]) -> list[TokenLogprob]:
+        """The model's log-probability of every token of `messages` (teacher forcing; nothing generated).
+
+        Cached like any call (a re-run asks nothing twice). Raises `ScoringUnsupported` when the
+        backend or its server cannot score, `LLMRequestError` when the call is given up.
+        """
+        request = self._build(messages, None, None, 1, {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}, None)
+        key = self.request_key(request)
+        self.stats.requests += 1
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is not None:
+            self.stats.cache_hits += 1
+            return decode(hit.text)
+        try:
+            tokens = await self._with_retries(lambda: self._prompt_logprobs(request))
+        except BackendError as err:
+            raise self._give_up(request, err.kind, str(err), getattr(err, "attempts", 1)) from None
+        self.stats.prompt_tokens += len(tokens)
+        if self.cache is not None:  # the score rides in a completion's text: one cache for every call
+            await self.cache.commit([(key, Completion(encode(tokens), finish_reason="prompt_logprobs"))])
+        return tokens
 
     def print_summary(self, console: Any = None) -> None:
         self.stats.print_summary(f"LLM usage ({self.backend_name}:{self.config.model})", console)
@@ -223,6 +251,17 @@ class LLM(ABC):
         return results  # type: ignore[return-value]
 
     async def _call_with_retries(self, request: ChatRequest) -> list[Completion]:
+        async def call() -> list[Completion]:
+            completions = await self._complete(request)
+            self._validate(request, completions)
+            return completions
+
+        completions = await self._with_retries(call)
+        self._count_tokens(completions)
+        return completions
+
+    async def _with_retries(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()` under the limiter and the timeout, retried with backoff while its failure is retryable."""
         cfg = self.config
         attempt = 0
         while True:
@@ -230,8 +269,10 @@ class LLM(ABC):
             self.stats.calls += 1
             try:
                 async with asyncio.timeout(cfg.request_timeout_s):
-                    completions = await self._complete(request)
-                self._validate(request, completions)
+                    value = await call()
+            except CapabilityError:
+                self.limiter.release()
+                raise
             except Exception as exc:
                 self.limiter.release()
                 err = self._classify(exc)
@@ -244,7 +285,6 @@ class LLM(ABC):
                         # for the caller to record as truncated (never as a whole answer).
                         self.stats.truncated += 1
                         log.warning("answer still cut short after %d attempt(s): returned as truncated", attempt + 1)
-                        self._count_tokens(cut)
                         return cut
                     err.attempts = attempt + 1  # type: ignore[attr-defined]
                     raise err from None
@@ -259,8 +299,7 @@ class LLM(ABC):
                 raise
             self.limiter.release()
             self.limiter.on_success()
-            self._count_tokens(completions)
-            return completions
+            return value
 
     def _count_tokens(self, completions: list[Completion]) -> None:
         for c in completions:

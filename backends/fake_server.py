@@ -87,6 +87,10 @@ class FakeServerConfig:
     model: str = "fake-model"
     keep_log: bool = True
     log_path: str | None = None
+    # vLLM's `prompt_logprobs`: when a request asks for them, the answer carries one entry per prompt
+    # token (whitespace-split contents between chat markers), each with this logprob: a number, or
+    # fn(request JSON) -> number. None: the parameter is ignored, as servers other than vLLM do.
+    prompt_logprob: float | Callable[[dict[str, Any]], float] | None = -1.0
 
 
 def _last_user(messages: list[dict[str, Any]]) -> str:
@@ -227,6 +231,9 @@ class FakeServer:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+        if body.get("prompt_logprobs") is not None and cfg.prompt_logprob is not None:
+            value = cfg.prompt_logprob(body) if callable(cfg.prompt_logprob) else cfg.prompt_logprob
+            payload["prompt_logprobs"] = prompt_logprobs(messages, float(value))
         if entry["outcome"] == "pending":
             entry["outcome"] = "truncated" if truncated else "ok"
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
@@ -302,6 +309,18 @@ def _error(status: int, message: str, retry_after: float | None = None) -> web.R
     headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
     body = orjson.dumps({"error": {"message": message, "type": "fake_error", "code": status}})
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def prompt_logprobs(messages: list[dict[str, Any]], logprob: float) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM-shaped prompt logprobs of a ChatML-like rendering: `<|im_start|>role\n`, the content in
+    word and space tokens, `<|im_end|>\n`; the first token has none, every other `logprob`."""
+    pieces: list[str] = []
+    for m in messages:
+        pieces.append(f"<|im_start|>{m.get('role', 'user')}\n")
+        pieces += re.findall(r"\S+|\s+", str(m.get("content") or ""))
+        pieces.append("<|im_end|>\n")
+    return [None if i == 0 else {str(i): {"logprob": logprob, "rank": 1, "decoded_token": p}}
+            for i, p in enumerate(pieces)]
 
 
 def _choice(index: int, answer: Any, last_user: str, truncated: bool) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from backends.base import LLM
 from backends.config import LLMConfig
 from backends.errors import BackendError, kind_for_status, parse_retry_after
 from backends.http_client import HTTPClient, Unsupported
+from backends.scoring import ScoringUnsupported, TokenLogprob, parse_prompt_logprobs
 from backends.types import ChatRequest, Completion, ToolCall, split_usage
 
 log = logging.getLogger("trajforge.backends")
@@ -85,18 +86,39 @@ class OpenAILLM(LLM):
             # chat resources lazily, on first use.
             import openai.resources.chat  # noqa: F401
 
+    async def _complete(self, request: ChatRequest) -> list[Completion]:
+        return parse_body(await self._send(build_payload(self.config.model, request)))
+
+    async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
+        """vLLM's `prompt_logprobs` (the request's params carry it); other servers ignore or refuse it."""
+        try:
+            body = await self._send(build_payload(self.config.model, request))
+        except BackendError as err:
+            if err.status in (400, 422):  # hosted APIs refuse unknown parameters
+                raise ScoringUnsupported(f"{self.redact(self._base_url)} refused prompt_logprobs: {err}") from None
+            raise
+        try:
+            entries = orjson.loads(body).get("prompt_logprobs")
+        except (orjson.JSONDecodeError, AttributeError):
+            raise BackendError("malformed", "unparseable response body") from None
+        if entries is None:
+            raise ScoringUnsupported(f"{self.redact(self._base_url)} returned no prompt_logprobs: the server does not "
+                                     "support vLLM's prompt_logprobs parameter")
+        return parse_prompt_logprobs(entries)
+
     # ---- lean HTTP transport ------------------------------------------------------------------
 
-    async def _complete(self, request: ChatRequest) -> list[Completion]:
+    async def _send(self, payload: dict[str, Any]) -> bytes:
+        """POST one chat-completions payload; the response body of a 200 answer."""
         if self._use_sdk or self._http is None:
-            return await self._complete_sdk(request)
-        body = orjson.dumps(build_payload(self.config.model, request))
+            return await self._send_sdk(payload)
+        body = orjson.dumps(payload)
         try:
             resp = await self._http.post(body)
         except Unsupported as exc:
             log.info("%s from %s: using the openai SDK transport from now on", exc, self.redact(self._base_url))
             self._use_sdk = True
-            return await self._complete_sdk(request)
+            return await self._send_sdk(payload)
         except OSError as exc:  # refused, reset or cut-off connections; the request may be resent
             raise BackendError("connection", self.redact(f"{type(exc).__name__}: {exc}")) from None
         if resp.status != 200:
@@ -106,7 +128,7 @@ class OpenAILLM(LLM):
                 status=resp.status,
                 retry_after=parse_retry_after(resp.headers.get("retry-after")),
             )
-        return parse_body(resp.body)
+        return resp.body
 
     # ---- openai SDK transport -----------------------------------------------------------------
 
@@ -123,10 +145,10 @@ class OpenAILLM(LLM):
             )
         return self._sdk
 
-    async def _complete_sdk(self, request: ChatRequest) -> list[Completion]:
+    async def _send_sdk(self, payload: dict[str, Any]) -> bytes:
         import openai
 
-        payload = build_payload(self.config.model, request)
+        payload = dict(payload)
         extra = {k: payload.pop(k) for k in list(payload) if k not in _SDK_PARAMS and k not in
                  ("model", "messages", "n", "tools", "tool_choice", "response_format")}
         try:
@@ -142,9 +164,9 @@ class OpenAILLM(LLM):
             raise BackendError("timeout", "SDK request timed out") from None
         except openai.APIConnectionError as exc:
             raise BackendError("connection", self.redact(f"connection error: {exc}")) from None
-        # Parse the raw body ourselves: same code path as the lean transport, and malformed
+        # The raw body is parsed by the caller: same code path as the lean transport, and malformed
         # bodies surface as retryable errors instead of SDK validation exceptions.
-        return parse_body(raw.content)
+        return raw.content
 
     async def _close(self) -> None:
         if self._http is not None:

@@ -178,8 +178,23 @@ def bench_mcp(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
 
 # ---- the suite ----------------------------------------------------------------------------------
 
+def bench_browser(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The browser: env steps/s vs the same actions with bare Playwright (>= 0.7); 4 contexts vs 1."""
+    from benchmarks import _envs_browser
+    from envs.browser.chromium import ChromiumNotFound, find_chromium
+
+    try:
+        find_chromium()
+    except ChromiumNotFound as exc:
+        print(f"browser section cannot run: {exc}", flush=True)
+        return [], {"skipped": str(exc)}
+    res = _envs_browser.run(args.steps, args.browser_episodes)
+    return _envs_browser.rows(res), res
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], tuple[list[dict[str, Any]], dict[str, Any]]]] = {
     "mcp": bench_mcp,
+    "browser": bench_browser,
 }
 
 
@@ -190,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=8, help="mcp: blocks the overhead calls are interleaved in")
     ap.add_argument("--episodes", type=int, default=48, help="mcp: episodes at 8-way concurrency (a quarter at 1)")
     ap.add_argument("--latency", type=float, default=0.02, help="mcp: seconds each call of the I/O-bound server waits")
+    ap.add_argument("--steps", type=int, default=120, help="browser: steps per variant (env and bare Playwright)")
+    ap.add_argument("--browser-episodes", type=int, default=16, help="browser: episodes per concurrency level")
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     raw: dict[str, Any] = {}

@@ -20,7 +20,7 @@ DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pipeline_demo.y
 
 
 def _prefect_defaults(config: Path, output: Path | None = None) -> None:
-    """Default Prefect settings; must run before prefect is imported."""
+    """Default Prefect settings for a pipeline config; must run before prefect is imported."""
     home = None
     try:
         from flows.pipeline_config import load_pipeline_config
@@ -28,6 +28,11 @@ def _prefect_defaults(config: Path, output: Path | None = None) -> None:
         home = load_pipeline_config(config, str(output) if output else None).root / "_prefect"
     except Exception:  # noqa: BLE001 - the flow reports a bad config properly
         home = Path.home() / ".trajforge" / "prefect"
+    prefect_defaults(home)
+
+
+def prefect_defaults(home: Path) -> None:
+    """PREFECT_HOME (unless set), analytics off, a long ephemeral-server start; before prefect is imported."""
     # Prefect's SQLite database cannot be created in a folder that does not exist yet.
     home = home.resolve()
     if "PREFECT_HOME" not in os.environ:

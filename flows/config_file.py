@@ -62,6 +62,16 @@ def read_config(path: str | os.PathLike[str], what: str = "config") -> Any:
     return data
 
 
+
+def read_mapping(path: str | os.PathLike[str], what: str, output: str | None = None) -> dict[str, Any]:
+    """A job's config: a YAML mapping (`read_config`); `output`, when given, replaces its output root."""
+    data = read_config(path, what)
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{path}: a {what} is a YAML mapping")
+    if output is not None:
+        data["output"] = output
+    return data
+
 def bounds_problem(data: Any) -> str | None:
     """Why `data`, expanded (aliases copied out), is too big, too deep or endless; None if it is not.
 

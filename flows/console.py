@@ -35,12 +35,9 @@ def beam_errors_reported_once() -> Iterator[None]:
 
 def read_config_mapping(path: Path) -> dict[str, Any]:
     """A YAML config file as a mapping (bounded in size, depth and aliases), or one line naming the problem."""
-    from flows.config_file import ConfigFileError, read_config
+    from flows.config_file import ConfigFileError, read_mapping
 
     try:
-        data = read_config(path) or {}
+        return read_mapping(path, "config")
     except ConfigFileError as exc:
         fail(str(exc))
-    if not isinstance(data, dict):
-        fail(f"{path}: a config is a YAML mapping, not {type(data).__name__}")
-    return data

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flows.config_file import read_config
+from flows.config_file import read_mapping
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -162,12 +162,7 @@ class PipelineConfig(BaseModel):
 
 def load_pipeline_config(path: str | Path, output: str | None = None) -> PipelineConfig:
     """The config at `path`; `output` replaces its output root."""
-    data = read_config(path, "pipeline config")
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a pipeline config is a YAML mapping")
-    if output is not None:
-        data["output"] = output
-    return PipelineConfig.model_validate(data)
+    return PipelineConfig.model_validate(read_mapping(path, "pipeline config", output))
 
 
 def stage_key(*parts: Any) -> str:

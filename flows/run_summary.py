@@ -46,6 +46,10 @@ def print_run_summary(result: dict[str, Any]) -> None:
     console.print(table)
     console.print("[bold]by reason[/]")
     for s in stages:
+        if s["stage"] == "generate" and "episodes" in s["counts"]:  # how the agent did, failures included
+            c = s["counts"]
+            console.print(f"  generate {s['name']}: successes = {c.get('successes', 0)} of {c['episodes']} episodes",
+                          highlight=False)
         for key, n in reasons(s["counts"]).items():
             console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
     console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items()), highlight=False)

@@ -15,22 +15,51 @@ and the agent tries again with that feedback in its history (which also makes th
 cache entry). After `max_parse_failures` such steps the episode ends. Whatever ended it (done,
 the step cap, failures, the user leaving), the environment evaluates the episode the same way.
 LLM request errors (`LLMRequestError`) and simulator errors propagate: callers quarantine.
+
+A `reviewer` (a teacher supervising the agent, STeP-style) sees every action the world has just
+answered, with a checkpoint of the state before it; it may replace the step with a correction
+(the wrong step kept masked, a reflection, the corrected action it took from the restored state),
+and the episode goes on from there.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
-from envs.base import ACTION_KINDS, Environment, Evaluation, Task
-from generators.agent import TRUNCATED, AgentPolicy
+from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, StepResult, Task, checkpoint
+from generators.agent import TRUNCATED, Proposal
 from schemas.models import Action, Step, TextObservation
 
 PARSE_ERROR = (
     "Error: your last answer could not be read as an action ({error}). Reply with one short thought and "
     "exactly one tool call, or with your final answer to the user."
 )
+
+
+class Proposer(Protocol):
+    """What acts: an agent policy, or anything that proposes next actions the same way."""
+
+    async def propose(self, history: list[Step], *, n: int = 1, guidance: str | None = None) -> list[Proposal]: ...
+
+
+@dataclass
+class Correction:
+    """A reviewer's replacement for a step: the steps to record instead, and the result of the action it took."""
+
+    steps: list[Step]
+    result: StepResult
+
+
+class Reviewer(Protocol):
+    """Looks at `action` (step `len(history)`) and its `observation`; returns a Correction or None.
+
+    `before` is a checkpoint of the world before the action: a correction restores it first.
+    """
+
+    async def __call__(self, env: Environment, before: Checkpoint, history: list[Step], action: Action,
+                       observation: Step) -> Correction | None: ...
 
 
 @dataclass
@@ -115,23 +144,25 @@ async def act(env: Environment, action: Action, index: int) -> tuple[Action, Ste
 
 async def play_episode(
     env: Environment,
-    policy: AgentPolicy,
+    policy: Proposer,
     task: Task,
     *,
     max_steps: int,
     max_parse_failures: int = 3,
     guidance: str | None = None,
     evaluate: bool = True,
+    reviewer: Reviewer | None = None,
 ) -> Episode:
     """A fresh episode of `task` in which `policy` takes up to `max_steps` actions."""
     opening = await env.reset(task)
     return await continue_episode(env, policy, list(opening), max_steps=max_steps,
-                                  max_parse_failures=max_parse_failures, guidance=guidance, evaluate=evaluate)
+                                  max_parse_failures=max_parse_failures, guidance=guidance, evaluate=evaluate,
+                                  reviewer=reviewer)
 
 
 async def continue_episode(
     env: Environment,
-    policy: AgentPolicy,
+    policy: Proposer,
     history: Sequence[Step],
     *,
     max_steps: int,
@@ -139,6 +170,7 @@ async def continue_episode(
     max_parse_failures: int = 3,
     guidance: str | None = None,
     evaluate: bool = True,
+    reviewer: Reviewer | None = None,
 ) -> Episode:
     """`policy` acts from the env's current state, which `history` led to, until `max_steps` actions in all."""
     steps = list(history)
@@ -160,8 +192,14 @@ async def continue_episode(
                 break
             continue
         episode.actions += 1
+        before = checkpoint(env, steps) if reviewer is not None else None
         action, observation, result = await act(env, proposal.action, len(steps))
-        steps += [action, observation]
+        correction = await reviewer(env, before, steps, action, observation) if reviewer and before else None
+        if correction is not None:
+            steps += correction.steps
+            result = correction.result
+        else:
+            steps += [action, observation]
         if result.info.get("error"):
             episode.action_errors.append(str(result.info["error"]))
         if result.info.get("truncated"):

@@ -97,7 +97,7 @@ class AgentPolicy:
             system = f"{system}\n\nTools (JSON, one per line):\n{tools_block(self.tools)}\n\n{TEXT_FORMAT}"
         history_msgs = self._rendered.messages(history)
         if self.mode == "text":
-            history_msgs = [_as_text(m) for m in history_msgs]
+            history_msgs = [text_message(m) for m in history_msgs]
         # A hoisted system turn from the history joins ours: chat templates take one system message.
         if history_msgs and history_msgs[0]["role"] == "system":
             system = f"{system}\n\n{history_msgs.pop(0)['content']}"
@@ -203,7 +203,7 @@ def _pinned_call_id(step: Step, index: int) -> Step:
     return step
 
 
-def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+def text_message(message: dict[str, Any]) -> dict[str, Any]:
     """Chat messages without tool roles, for servers that have no function calling."""
     if message["role"] == "tool":
         return {"role": "user", "content": f"TOOL: {message['content']}"}

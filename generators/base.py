@@ -57,6 +57,14 @@ class JudgeConfig(BaseModel):
                                             "(else their paths and the pages' text, with a warning and a count)")
 
 
+class RoleModel(BaseModel):
+    """A model for one role beside the acting one: a teacher that corrects, a student that is scored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm: LLMConfig | None = Field(None, description="the role's model; when unset the method says what stands in")
+
+
 class MethodConfig(BaseModel):
     """Settings every method has; each method's config model extends it."""
 
@@ -77,8 +85,9 @@ class MethodConfig(BaseModel):
         """Hash of what determines the output; throughput knobs are left out on purpose."""
         data = self.model_dump(mode="json", exclude=self.runtime_fields)
         data["llm"] = {k: v for k, v in data["llm"].items() if k not in _LLM_RUNTIME_KEYS}
-        if data.get("judge", {}).get("llm"):
-            data["judge"]["llm"] = {k: v for k, v in data["judge"]["llm"].items() if k not in _LLM_RUNTIME_KEYS}
+        for role in data.values():  # judge, teacher, student: {llm: {...}}
+            if isinstance(role, dict) and isinstance(role.get("llm"), dict):
+                role["llm"] = {k: v for k, v in role["llm"].items() if k not in _LLM_RUNTIME_KEYS}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -135,6 +144,16 @@ class RunSummary:
     llm: dict[str, Any] = field(default_factory=dict)
     # What a method measured over the whole output, by name (e.g. a judge's agreement with ground truth).
     report: dict[str, Any] = field(default_factory=dict)
+
+    def merge(self, other: RunSummary) -> RunSummary:
+        """One summary for several runs of the same method (rounds); the LLM stats are cumulative already."""
+        self.tasks += other.tasks
+        self.skipped += other.skipped
+        self.processed += other.processed
+        self.counts.update(other.counts)
+        self.reasons.update(other.reasons)
+        self.llm = other.llm
+        return self
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -276,7 +295,7 @@ class GenerationMethod(ABC):
 
 
 def llm_config_for(config: MethodConfig, output: Path, role: str = "") -> LLMConfig:
-    """The method's LLM config (or its judge's, `role="judge"`) with cache and ledger in the output directory."""
+    """The method's LLM config (or a role's: `role="judge"`, "teacher", ...) with cache and ledger in the output directory."""
     llm = config.llm if not role else getattr(config, role).llm
     prefix = f"_{role}" if role else ""
     updates: dict[str, Any] = {}

@@ -15,11 +15,13 @@ from typing import Any, ClassVar, Iterable, Literal
 
 from pydantic import Field, model_validator
 
+from backends.base import LLM
+from backends.registry import make_llm
 from envs.base import Environment, Evaluation, Task
 from envs.spec import EnvFactory, EnvSpec
 from generators.agent import SYSTEM as AGENT_SYSTEM
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskSpec
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskSpec, llm_config_for
 from schemas.models import Step, Tool, Trajectory
 from schemas.store import Dataset
 
@@ -60,6 +62,7 @@ class EnvMethod(GenerationMethod):
         self._tasks: dict[str, Task] | None = None
         self._tools: list[Tool] | None = None
         self._policy_text: str | None = None
+        self._role_llms: list[LLM] = []
         # One started environment held for the whole run: worlds that share resources between their
         # instances (an MCP server pool, a browser) keep them alive across episodes instead of restarting.
         self._anchor: Environment | None = None
@@ -79,6 +82,17 @@ class EnvMethod(GenerationMethod):
             self._tools = anchor.tools()
             self._policy_text = anchor.policy
 
+    def role_llm(self, role: str, output: Dataset) -> LLM | None:
+        """The model of `role` (a `RoleModel` field of the config), cached in `output`; None when unset.
+
+        Closed with the run's environments.
+        """
+        if getattr(self.config, role).llm is None:
+            return None
+        llm = make_llm(llm_config_for(self.config, Path(output.path), role))
+        self._role_llms.append(llm)
+        return llm
+
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         try:
             return await super().run(tasks, output, progress=progress)
@@ -86,11 +100,17 @@ class EnvMethod(GenerationMethod):
             await self.teardown()
 
     async def teardown(self) -> None:
-        """Release the anchor environment and the models the environments made."""
+        """Release the anchor environment, the models the environments made and the role models."""
         anchor, self._anchor = self._anchor, None
         if anchor is not None:
             await anchor.close()
         await self.envs.aclose()
+        await self.close_role_llms()
+
+    async def close_role_llms(self) -> None:
+        owned, self._role_llms = self._role_llms, []
+        for llm in owned:
+            await llm.aclose()
 
     def env_tasks(self) -> dict[str, Task]:
         """The run's tasks by id, from the config's task source (loaded once)."""

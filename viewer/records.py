@@ -69,12 +69,14 @@ def segments(traj: Trajectory) -> list[Segment | None]:
     kind, block = found
     masked = _ints(block.get("masked"))
     revision = _int(block.get("revision_index" if kind == "splice" else "reflection_index"))
+    # A reflection corrects several errors: each correction's reflection is a revision thought.
+    reflections = {_int(c.get("reflection_step")) for c in block.get("corrections") or [] if isinstance(c, dict)}
     start = _int(block.get("prefix_len")) if kind == "splice" else _int(block.get("first_error"))
     start = min(masked) if start is None and masked else start
     for i in range(n):
         if i in masked:
             out[i] = "bad"
-        elif revision is not None and i == revision:
+        elif (revision is not None and i == revision) or i in reflections:
             out[i] = "revision"
         elif revision is not None and i > revision:
             out[i] = "continuation"

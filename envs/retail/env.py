@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any, Sequence
 
 from envs.base import Environment, Evaluation, StepResult, Task, UserSimulator, action_kind, refused, said_to_user
 from envs.retail.db import GOAL_TABLES, DBSnapshot, RetailDB, initial_snapshot
 from envs.retail.memo import MEMO, CallOutcome
-from envs.retail.tasks import generate_tasks
+from envs.retail.tasks import generate_tasks, goal_hash
 from envs.retail.tools import TOOL_SPECS, ToolError, call_tool
 from envs.retail.user import RuleUser
 from envs.toolspec import validate_call
@@ -82,11 +83,20 @@ class RetailEnv(Environment):
         return CallOutcome(content, after=self.db.snapshot() if self.db.tokens() != before else None)
 
     async def _evaluate(self, task: Task, history: Sequence[Step]) -> Evaluation:
-        if "state_hash" not in task.goal:
+        expected = task.goal.get("state_hash")
+        if expected is None and isinstance(task.goal.get("actions"), list):
+            # tau2-style criteria without a precomputed hash: the goal is the state the reference actions reach.
+            try:
+                expected = _criteria_hash(int(task.params.get("world_seed", self.seed)),
+                                          json.dumps(task.goal["actions"], sort_keys=True))
+            except (ToolError, KeyError, TypeError, ValueError) as exc:
+                return Evaluation(0.0, False, f"the task's reference actions fail: {exc}")
+        if expected is None:
             return Evaluation(0.0, False, "the task has no goal state to check")
-        state_ok = self.db.state_hash(GOAL_TABLES) == task.goal["state_hash"]
+        state_ok = self.db.state_hash(GOAL_TABLES) == expected
         said = said_to_user(history).lower().replace(",", "").replace("$", "")
-        outputs = {str(o): str(o).lower() in said for o in task.goal.get("outputs", [])}
+        told = task.goal.get("outputs") or task.goal.get("communicate_info") or []
+        outputs = {str(o): str(o).lower() in said for o in told}
         details = {"db": state_ok, "outputs": outputs}
         if not state_ok:
             return Evaluation(0.0, False, "the database differs from the goal state", details)
@@ -109,3 +119,14 @@ class RetailEnv(Environment):
     def state(self) -> dict[str, Any]:
         """The whole database as plain rows (for verifiers, tests and debugging)."""
         return {t: self.db.rows(f"SELECT * FROM {t}") for t in GOAL_TABLES}
+
+
+@lru_cache(maxsize=256)
+def _criteria_hash(world_seed: int, actions_json: str) -> str:
+    """The goal state hash of reference actions given as `{name | function, arguments}` (tau2's or ours)."""
+    actions = [{"function": a.get("function") or a["name"], "arguments": a.get("arguments") or {}}
+               for a in json.loads(actions_json)]
+    for n, a in enumerate(actions, 1):
+        if (reason := validate_call(TOOL_SPECS, a["function"], a["arguments"])) is not None:
+            raise ValueError(f"action {n} ({a['function']}): {reason}")
+    return goal_hash(world_seed, actions)

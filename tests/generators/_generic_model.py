@@ -8,6 +8,11 @@
   successfully. In an n-sample request, odd samples give up instead (a premature final message),
   so searches see good and bad siblings. Without a reference, the agent calls the
   first tool with schema-valid arguments once, then answers.
+- A teacher reviewing a step (reflection) calls it wrong when it is not the next reference action
+  (a premature final message included) and corrects it with that action; without references, a
+  final message before any tool call is wrong and the correction calls the first tool.
+- A curriculum writer asked for tau2-style criteria writes the seed's criteria plus its first action
+  once more (a new task the world can check; its one wrong solution does nothing).
 - Anything else (a persona user, a model-written revision) gets a short text; a persona user
   leaves at once with ###STOP###.
 """
@@ -15,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from backends.fake_server import Samples, ToolCallAnswer
@@ -60,6 +66,19 @@ def instance(schema: Any, defs: dict[str, Any] | None = None, overrides: dict[st
     return None
 
 
+def _next_reference(refs: list[Any], done: list[tuple[str, str]]) -> Any:
+    """The first reference action not yet taken successfully (`done`: (name, sorted-JSON arguments)), or None."""
+    done = list(done)
+    for step in refs:
+        if isinstance(step, ApiAction):
+            key = (step.function, json.dumps(step.arguments, sort_keys=True))
+            if key in done:
+                done.remove(key)
+                continue
+        return step
+    return None
+
+
 def _done_calls(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(name, sorted-JSON arguments) of the calls that were answered without an error, in order."""
     answers = {m.get("tool_call_id"): str(m.get("content", "")) for m in messages if m.get("role") == "tool"}
@@ -86,7 +105,7 @@ class GenericModel:
     def __call__(self, body: dict[str, Any]) -> Any:
         fmt = body.get("response_format")
         if fmt:
-            special = self.judge(body) if self.judge else None
+            special = (self.judge(body) if self.judge else None) or self._teacher(body) or self._evolve(body)
             if special is not None:
                 return special
             schema = fmt.get("json_schema", {}).get("schema", {})
@@ -116,14 +135,64 @@ class GenericModel:
                 tool = body["tools"][0]["function"]
                 return ToolCallAnswer(tool["name"], instance(tool.get("parameters") or {}))
             return GIVE_UP
-        done = _done_calls(messages)
-        for step in refs:
-            if isinstance(step, ApiAction):
-                key = (step.function, json.dumps(step.arguments, sort_keys=True))
-                if key in done:
-                    done.remove(key)
-                    continue
-                return ToolCallAnswer(step.function, step.arguments)
-            if isinstance(step, MessageAction):
-                return step.content
-        return GIVE_UP
+        step = _next_reference(refs, _done_calls(messages))
+        if isinstance(step, ApiAction):
+            return ToolCallAnswer(step.function, step.arguments)
+        return step.content if isinstance(step, MessageAction) else GIVE_UP
+
+    def _teacher(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        prompt = str(body["messages"][-1].get("content") or "")
+        if not prompt.startswith("REVIEW THE AGENT'S STEP"):
+            return None
+        history = prompt.split("(agent steps are numbered):\n", 1)[1].split("\n\nThe step to review:", 1)[0]
+        step = prompt.split("The step to review:\n", 1)[1].split("\n\nWhat it produced:", 1)[0]
+        correct = {"verdict": "correct", "reason": "it moves the task forward", "reflection": "", "action": None}
+        refs = next((r for instr, r in self.references.items() if instr in prompt), None)
+        if refs is None:
+            if "AGENT: call " in history or _CALL.search(step):
+                return correct
+            system = str(body["messages"][0].get("content") or "")
+            tool = json.loads(system.split("(JSON, one per line)\n", 1)[1].splitlines()[0])
+            return self._wrong("nothing was looked up before answering", tool["name"],
+                               instance(tool.get("parameters") or {}))
+        done = [(m.group(1), json.dumps(json.loads(m.group(2)), sort_keys=True))
+                for m, seen in _calls_and_answers(history) if "Error" not in seen]
+        ref = _next_reference(refs, done)
+        if isinstance(ref, ApiAction):
+            found = _CALL.search(step)
+            if found and (found.group(1), json.loads(found.group(2))) == (ref.function, ref.arguments):
+                return correct
+            return self._wrong(f"the next step is {ref.function}", ref.function, ref.arguments)
+        if isinstance(ref, MessageAction) and "say to the user" not in step:
+            return {**correct, "reason": "an extra lookup"}
+        return correct
+
+    @staticmethod
+    def _evolve(body: dict[str, Any]) -> dict[str, Any] | None:
+        prompt = str(body["messages"][-1].get("content") or "")
+        if not prompt.startswith("EVOLVE TASK") or "Seed criteria (tau2-style):\n" not in prompt:
+            return None
+        seed = prompt.split("Seed task: ", 1)[1].split("\n", 1)[0]
+        criteria = json.loads(prompt.split("Seed criteria (tau2-style):\n", 1)[1].split("\n", 1)[0])
+        actions = criteria["actions"] + criteria["actions"][:1]
+        return {"instruction": f"Once more: {seed}", **criteria, "actions": actions, "wrong_solutions": [[]]}
+
+    @staticmethod
+    def _wrong(reason: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"verdict": "wrong", "reason": reason, "reflection": f"I should not have done that; {reason}.",
+                "action": {"tool": tool, "arguments": arguments, "message": None}}
+
+
+_CALL = re.compile(r"call (\w+)\((\{.*\})\)")
+
+
+def _calls_and_answers(history: str) -> list[tuple[re.Match[str], str]]:
+    """Each `[i] AGENT: call f({...})` line of a numbered path with the SEEN line after it."""
+    lines = history.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        found = _CALL.search(line) if "AGENT:" in line else None
+        if found:
+            seen = next((x for x in lines[i + 1:i + 2] if "SEEN:" in x), "")
+            out.append((found, seen))
+    return out

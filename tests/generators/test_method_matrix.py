@@ -48,7 +48,7 @@ ENVS: dict[str, dict[str, Any]] = {
 }
 
 # Methods whose scripted episodes must reach reward 1 somewhere.
-SOLVING = {"rollout", "mcts_splice", "curriculum"}
+SOLVING = {"rollout", "mcts_splice", "curriculum", "reflection"}
 
 # What a method cannot do in a world, as the refusal must name it.
 REFUSALS: dict[tuple[str, str], str] = {
@@ -58,7 +58,6 @@ REFUSALS: dict[tuple[str, str], str] = {
     ("tutorial_replay", "simulated"): "needs web pages to explore",  # tool mode; web mode has pages
     ("ui_simulator", "mcp"): "needs web pages to explore",
     ("tutorial_replay", "mcp"): "needs web pages to explore",
-    ("curriculum", "mcp"): "needs a task generator of its own",
 }
 
 
@@ -90,8 +89,8 @@ def _config(method: str, env_name: str, tmp: Path, inputs: Path) -> dict[str, An
     configs: dict[str, dict[str, Any]] = {
         "rollout": {**base, "max_steps": 8},
         "mcts_splice": {**base, "search": search, "max_steps": 8},
-        "curriculum": {**base, "rollouts": 2, "generations": 1, "select": 1, "candidates": 4, "max_steps": 8},
-        "reflection": {**base, "input": str(inputs), "locator": "rules", "max_steps": 8},
+        "curriculum": {**base, "rollouts": 2, "generations": 1, "select": 1, "max_steps": 8},
+        "reflection": {**base, "input": str(inputs), "max_steps": 8},
         "step_verify": {"input": str(inputs), "verifier": "both"},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
         "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4},

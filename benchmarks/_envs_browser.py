@@ -15,12 +15,11 @@ one at a time in one context, then four at a time in four contexts of the same b
 ratio says what concurrency gives on this machine (on two cores, little more than the overlap
 of page loads with Python); no target.
 
-Run: `python -m benchmarks.envs_browser [--steps 120] [--episodes 16]`.
+The browser section of `python -m benchmarks.envs` (`--only browser --steps 120 --browser-episodes 16`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import tempfile
@@ -28,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_rows, row, write_results
+from benchmarks._common import row
 from envs.base import Task
 from envs.browser import miniwob
-from envs.browser.chromium import LAUNCH_ARGS, ChromiumNotFound, find_chromium
+from envs.browser.chromium import LAUNCH_ARGS, find_chromium
 from envs.browser.env import BrowserEnv
 from envs.browser.solvers import parse_axtree
 from envs.tasks import TaskSourceConfig, load_tasks
@@ -196,25 +195,3 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         row(f"episodes/s, {CONCURRENT} contexts at once", eps[f"episodes_per_s_{CONCURRENT}"], "episodes/s",
             eps["episodes_per_s_1"], "one context at a time"),
     ]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=120, help="steps per variant (env and bare)")
-    parser.add_argument("--episodes", type=int, default=16, help="episodes per concurrency level")
-    args = parser.parse_args()
-    try:
-        find_chromium()
-    except ChromiumNotFound as exc:
-        print(f"cannot run: {exc}")
-        raise SystemExit(2) from None
-    res = run(args.steps, args.episodes)
-    table = rows(res)
-    print_rows("browser environment", table)
-    print(f"load average during the run: {', '.join(f'{x:.1f}' for x in res['load_average'])} "
-          f"({len(os.sched_getaffinity(0))} CPUs)")
-    print(f"results -> {write_results('envs_browser', table, **res)}")
-
-
-if __name__ == "__main__":
-    main()
