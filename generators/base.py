@@ -53,6 +53,8 @@ class JudgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     llm: LLMConfig | None = Field(None, description="the judge's model; default: the method's own model (warned)")
+    vision: bool = Field(False, description="the judge's model accepts images: judges of web pages see the screenshots "
+                                            "(else their paths and the pages' text, with a warning and a count)")
 
 
 class RoleModel(BaseModel):

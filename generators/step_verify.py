@@ -6,6 +6,12 @@ Input: a dataset directory (`input`); one task per trajectory id; output: the sa
 model), the rules (`filters.step_rules`), or both (`verifier: both`; `labels_from` picks whose
 label is written, the other's goes to `extra["rule_label"]` / `extra["llm_label"]` with its reason).
 
+The judge sees the rules the agent followed: `policy` from the config, else the trajectory's own
+system turn, else the policy of the environment it recorded (`details.env`, rebuilt from its
+config without starting it); `counts.policy_<source>` says which. On web trajectories it sees the
+pages before and after each step (text, capped at `max_page_chars`) and, with `judge.vision`,
+their screenshots (read from the input directory; fallbacks counted, see `filters.vision`).
+
 The judge is measured against the rules wherever both label a step, by the source of the rule
 labels: `replay` (retail world replays) and `reference` (tau2-style reference actions) are ground
 truth; `tool_errors` is only a rule. With `verifier: llm`, `ground_truth` still computes the
@@ -19,6 +25,8 @@ together) are in the run summary's report (printed by `trajforge generate`) and 
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -26,10 +34,14 @@ from typing import Any, Iterable, Literal
 from pydantic import Field
 
 from filters import step_judge, step_rules
+from filters.vision import PageImages
 from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
+from generators.transcript import system_text
 from schemas.models import Trajectory
 from schemas.store import Dataset
+
+log = logging.getLogger("trajforge.generators")
 
 ACTION_KINDS = ("api", "code", "message")
 SOURCES: tuple[step_rules.ReferenceSource, ...] = ("replay", "reference", "tool_errors")
@@ -47,6 +59,10 @@ class StepVerifyConfig(MethodConfig):
                                                  "actions) where a trajectory has them, also with verifier = llm")
     read_only_tools: list[str] | None = Field(None, description="tools that only read, for reference-action labels "
                                                                "(default: tools named with a read verb: get_, find_, ...)")
+    policy: str | None = Field(None, description="the rules the judged agents followed (default: each trajectory's "
+                                                 "system turn, else its environment's policy)")
+    max_page_chars: int = Field(step_judge.PAGE_CHARS, ge=200,
+                                description="text of each web page before and after a judged step")
 
 
 def agreement_report(counts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -76,6 +92,9 @@ class StepVerify(GenerationMethod):
     def __init__(self, config: StepVerifyConfig, llm: Any):
         super().__init__(config, llm)
         self._input: dict[str, Trajectory] | None = None
+        # Screenshot paths are relative to the dataset directory that recorded them: the input.
+        self.images = PageImages(Path(config.input), config.judge.vision)
+        self._env_policies: dict[str, str | None] = {}
 
     def inputs(self) -> dict[str, Trajectory]:
         if self._input is None:
@@ -86,9 +105,42 @@ class StepVerify(GenerationMethod):
         for tid in sorted(self.inputs()):
             yield TaskSpec(id=tid)
 
+    def policy_of(self, traj: Trajectory) -> tuple[str | None, str]:
+        """The rules the trajectory's agent followed, and where they come from (config, system, env, none)."""
+        if self.config.policy:
+            return self.config.policy, "config"
+        own = system_text(traj.steps)
+        if own:
+            return own, "system"
+        env = traj.details.get("env")
+        if isinstance(env, dict) and isinstance(env.get("name"), str):
+            policy = self._env_policy(env["name"], step_rules.env_config_of(traj))
+            if policy:
+                return policy, "env"
+        return None, "none"
+
+    def _env_policy(self, name: str, config: dict[str, Any]) -> str | None:
+        """An environment's policy, read from an unstarted environment of the recorded config (cached)."""
+        key = json.dumps([name, config], sort_keys=True, default=str)
+        if key not in self._env_policies:
+            from envs.registry import make_env
+
+            try:
+                self._env_policies[key] = make_env(name, **config).policy
+            except Exception as exc:  # noqa: BLE001 - a world that cannot be rebuilt here: judged without its policy
+                log.warning("step_verify: cannot read the policy of environment %r from its recorded config (%s); "
+                            "its trajectories are judged without it (set policy: to give it)", name, exc)
+                self._env_policies[key] = None
+        return self._env_policies[key]
+
     async def _judge(self, traj: Trajectory, indices: list[int], result: TaskResult) -> dict[int, tuple[str, str]]:
         labels: dict[int, tuple[str, str]] = {}
-        for i, j in (await step_judge.judge_trajectory(self.judge_llm, traj.steps, indices)).items():
+        policy, source = self.policy_of(traj)
+        result.counts[f"policy_{source}"] += 1
+        judged = await step_judge.judge_trajectory(self.judge_llm, traj.steps, indices, policy=policy,
+                                                   images=self.images, counts=result.counts,
+                                                   page_chars=self.config.max_page_chars)
+        for i, j in judged.items():
             if j is None:
                 result.counts["judge_failures"] += 1
                 traj.steps[i].extra["judge_error"] = "no valid answer from the judge"

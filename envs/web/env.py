@@ -5,11 +5,12 @@ from __future__ import annotations
 import copy
 from functools import lru_cache
 from typing import Any, Sequence
+from urllib.parse import urljoin
 
 from envs.base import Environment, Evaluation, StepResult, Task, action_kind, refused
 from envs.toolspec import ToolSpec, obj, validate_call
 from envs.web.catalog import generate_catalog
-from envs.web.site import ActionError, BrowserState, Site
+from envs.web.site import ORIGIN, ActionError, BrowserState, Site
 from envs.web.tasks import check_goal, generate_tasks
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool, WebObservation
 
@@ -32,7 +33,8 @@ def _site(catalog_seed: int) -> Site:
 
 
 class WebShopEnv(Environment):
-    """A web shop. Tasks name their catalog seed in `params["catalog_seed"]`; a message is the final answer."""
+    """A web shop. Tasks name their catalog seed in `params["catalog_seed"]` and may open on `params["start_url"]`
+    (a path of the shop); a message is the final answer."""
 
     name = "web"
     can_snapshot = True
@@ -58,6 +60,9 @@ class WebShopEnv(Environment):
     async def _reset(self, task: Task) -> Observation | None:
         self.site = _site(int(task.params.get("catalog_seed", self.seed)))
         self.browser = BrowserState()
+        start = task.params.get("start_url")
+        if isinstance(start, str) and start:  # a page of the shop (relative to its origin) to open first
+            self.browser.url = urljoin(ORIGIN + "/", start)
         self.answer = None
         return self.observe()
 

@@ -198,3 +198,12 @@ def test_same_seed_same_catalog_and_tasks() -> None:
     obs1 = run(WebShopEnv(seed=3).reset(a[0]))
     obs2 = run(WebShopEnv(seed=3).reset(b[0]))
     assert obs1 == obs2
+
+
+def test_a_task_opens_on_its_start_page(tasks: list[Task]) -> None:
+    env = WebShopEnv(seed=0)
+    task = tasks[0].model_copy(update={"params": {**tasks[0].params, "start_url": "/search?q=mug"}})
+    opening = run(env.reset(task))
+    assert opening[-1].url == "http://shop.local/search?q=mug" and "mug" in opening[-1].axtree.lower()
+    home = run(env.reset(tasks[0]))
+    assert home[-1].url == "http://shop.local/"

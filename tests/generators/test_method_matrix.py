@@ -54,9 +54,10 @@ SOLVING = {"rollout", "mcts_splice", "curriculum", "reflection"}
 REFUSALS: dict[tuple[str, str], str] = {
     ("ui_simulator", "retail"): "needs web pages to explore",
     ("ui_simulator", "simulated"): "needs web pages to explore",  # tool mode; web mode has pages
-    ("tutorial_replay", "simulated"): "simulated has none",
+    ("tutorial_replay", "retail"): "needs web pages to explore",
+    ("tutorial_replay", "simulated"): "needs web pages to explore",  # tool mode; web mode has pages
     ("ui_simulator", "mcp"): "needs web pages to explore",
-    ("tutorial_replay", "mcp"): "mcp has none",
+    ("tutorial_replay", "mcp"): "needs web pages to explore",
 }
 
 
@@ -93,7 +94,8 @@ def _config(method: str, env_name: str, tmp: Path, inputs: Path) -> dict[str, An
         "step_verify": {"input": str(inputs), "verifier": "both"},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
         "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4},
-        "tutorial_replay": {"platforms": [env_name], "max_tutorials": 2, "max_steps": 6},
+        "tutorial_replay": {**base, "sites": [{"name": "shop", "description": "a web shop", "url": "/"}],
+                            "max_tutorials": 2, "max_steps": 6},
         "simia_sft": {"env": base["env"], "env_config": base["env_config"], "seeds": [str(inputs)],
                       "samples_per_seed": 1, "max_seeds": 1},
     }

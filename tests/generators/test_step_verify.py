@@ -198,3 +198,52 @@ def test_judge_is_measured_against_reference_actions_and_the_cli_prints_it(tmp_p
         7: ("good", "good", "matches reference action 2 (cancel_pending_order)"),
         9: ("good", None, None)}
     assert out.steps[3].extra["judge_reason"] == "wrong cancel reason"
+
+
+def test_the_judge_gets_the_rules_the_agent_followed(tmp_path):
+    """The judge's prompt names no domain of its own; it carries the agent's rules: the config's, else the
+    trajectory's system turn, else the policy of the environment the trajectory recorded."""
+    weather = {"name": "get_weather", "description": "Weather for a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    steps = [TextObservation(content="Weather in Paris?", source="user"),
+             ApiAction(function="get_weather", arguments={"city": "Paris"}, tool_call_id="call_1"),
+             TextObservation(content="sunny", source="environment", tool_call_id="call_1"),
+             MessageAction(content="It is sunny.")]
+    system = TextObservation(content="Answer in French.", source="environment", name="system")
+    records = [
+        Trajectory(id="own", source="test", steps=[system, *steps]),
+        Trajectory(id="env", source="test", steps=steps,
+                   details={"env": {"name": "simulated"}, "env_config": {"tools": [weather], "policy": "Cite the source."}}),
+        Trajectory(id="plain", source="test", steps=steps),
+    ]
+    src = Dataset.create(tmp_path / "in")
+    with src.unit("u0") as unit:
+        unit.write_many("trajectories", records)
+    prompts: dict[str, list[str]] = {}
+
+    def judge(body: dict) -> dict:
+        system_prompt, prompt = body["messages"][0]["content"], body["messages"][-1]["content"]
+        assert "customer" not in system_prompt
+        prompts.setdefault(prompt.split("Task:", 1)[0], []).append(prompt)
+        return {"label": "good", "reason": "fine"}
+
+    def run(out: str, **cfg) -> dict:
+        with FakeServer(rules=[Rule(fn=judge)]) as server:
+            llm = {"backend": "openai", "base_url": server.base_url, "api_key_env": None, "max_retries": 0}
+            config = StepVerifyConfig(input=str(tmp_path / "in"), verifier="llm", llm=llm, **cfg)
+            from backends.registry import make_llm
+
+            model = make_llm(config.llm)
+            try:
+                method = StepVerify(config, model)
+                return asyncio.run(method.run(method.tasks(), Dataset.create(tmp_path / out))).counts
+            finally:
+                asyncio.run(model.aclose())
+
+    counts = run("a")
+    assert (counts["policy_system"], counts["policy_env"], counts["policy_none"]) == (1, 1, 1)
+    assert set(prompts) == {"Rules the agent must follow:\nAnswer in French.\n\n",
+                            "Rules the agent must follow:\nCite the source.\n\n", ""}
+    prompts.clear()
+    counts = run("b", policy="Be brief.")
+    assert counts["policy_config"] == 3 and set(prompts) == {"Rules the agent must follow:\nBe brief.\n\n"}
