@@ -176,3 +176,44 @@ def test_cli_generate_rollout_and_example_config(tmp_path):
     assert records[f"rollout/{tasks[0].id}#0"].reward == 1.0
     assert records[f"rollout/{tasks[1].id}#0"].success is False
     assert Dataset.open(Path(out)).complete
+
+
+def test_rollout_on_the_tau2_mcp_server_rewards_the_reference_and_names_a_wrong_write(tmp_path):
+    """rollout through `generate` on a real MCP server: an agent that follows task 0's reference actions
+    reaches reward 1; one whose exchange takes one item of two gets 0, the failed criterion in details."""
+    from envs.mcp import MCPEnv
+    from tests.envs.mcp_support import TASKS, tau2_config, tau2_task
+
+    task = tau2_task("0")
+
+    async def reference() -> list:
+        async with MCPEnv(**tau2_config()) as env:
+            return [a for a in await env.reference_solution(task) if a.kind == "api"]
+
+    calls = asyncio.run(reference())
+    wrong = calls[:-1] + [calls[-1].model_copy(update={"arguments": {
+        **calls[-1].arguments, "item_ids": calls[-1].arguments["item_ids"][:1],
+        "new_item_ids": calls[-1].arguments["new_item_ids"][:1]}})]
+
+    def agent(body: dict):
+        if not body.get("tools"):
+            return None
+        plan = wrong if "(Attempt 2.)" in body["messages"][0]["content"] else calls
+        turn = _turn(body)
+        if turn < len(plan):
+            return ToolCallAnswer(plan[turn].function, plan[turn].arguments)
+        return "Your exchange is done."
+
+    config = {"method": "rollout", "env": "mcp", "env_config": tau2_config(), "user": {"kind": "none"},
+              "tasks": {"source": "tau2", "path": TASKS, "ids": [task.id]}, "samples_per_task": 2, "max_steps": 8,
+              "concurrency": 1}
+    with FakeServer(rules=[Rule(fn=agent)]) as server:
+        summary = asyncio.run(generate(load_config({**config, "llm": _llm(server.base_url)}), tmp_path / "out"))
+    records = {t.id: t for t in Dataset.open(tmp_path / "out").iter_records()}
+    good, bad = records[f"rollout/{task.id}#0"], records[f"rollout/{task.id}#1"]
+    assert summary.counts["successes"] == 1
+    assert good.reward == 1.0 and good.success and good.provenance.task_split == "train"
+    assert [s.function for s in good.steps if s.kind == "api"] == [c.function for c in calls]
+    assert bad.reward == 0.0 and not bad.success
+    assert bad.details["evaluation"]["details"]["failed"] == ["DB"]
+    assert bad.details["evaluation"]["reason"].startswith("failed DB")
