@@ -46,7 +46,7 @@ def build(path: Path, n: int, seed: int = 0) -> None:
             unit.write_row("trajectories", {
                 "id": f"bench/{i}", "source": f"source_{i % 7}",
                 "steps": [_TASK, *(pool[rng.randrange(len(pool))] for _ in range(rng.randint(5, 30)))],
-                "tools": [], "reward": rng.random(), "success": i % 3 == 0,
+                "tools": [], "reward": rng.random(), "success": True if i % 3 == 0 else None,
                 "provenance": {"method": "synthetic", "seed": seed, "parent_ids": []}, "details": None,
             })
 
