@@ -127,7 +127,7 @@ def draw_plots(out: Path, data: dict[str, Any]) -> list[tuple[str, str]]:
         old.unlink()
     specs = [
         ("Steps per exported trajectory", "steps.png",
-         lambda p: plots.bar_chart(d.get("steps", {}), p, "Steps per exported trajectory", "steps", "trajectories")),
+         lambda p: plots.value_chart(d.get("steps", {}), p, "Steps per exported trajectory", "steps", "trajectories")),
         ("Tokens per row", "tokens.png",
          lambda p: plots.histogram(d.get("tokens", {}).get("edges", []), d.get("tokens", {}).get("counts", []), p,
                                    "Tokens per row", "tokens" if data["format"] == "tokenized"
@@ -136,8 +136,8 @@ def draw_plots(out: Path, data: dict[str, Any]) -> list[tuple[str, str]]:
          lambda p: plots.bar_chart({s: v["rows"] for s, v in data["sources"].items()}, p, "Source mix", "source",
                                    "rows", horizontal=len(data["sources"]) > 6)),
         ("Reward distribution", "rewards.png",
-         lambda p: plots.bar_chart(d.get("rewards", {}), p, "Reward of exported trajectories", "reward",
-                                   "trajectories")),
+         lambda p: plots.value_chart(d.get("rewards", {}), p, "Reward of exported trajectories", "reward",
+                                     "trajectories")),
         ("Step labels", "step_labels.png",
          lambda p: plots.bar_chart(d.get("step_labels", {}), p, "Labels of agent steps", "label", "steps")),
         ("KTO labels", "kto_labels.png",
