@@ -52,8 +52,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.arrow import STEP_TYPE, step_to_row
-
 KINDS = ("api", "code", "message", "text", "json", "image", "web")
 API, CODE, MESSAGE, TEXT, JSON, IMAGE, WEB = range(len(KINDS))
 ACTION_KINDS = frozenset(KINDS[:3])
@@ -516,31 +514,91 @@ class Turn:
         return self.message["role"] == "assistant"
 
 
-def steps_array(steps: Sequence[Any]) -> pa.ListArray:
-    """Model steps (`schemas.models`) as a one-trajectory `list<step>` array; free-form values
-    (arguments, JSON content) as `json.dumps` text, the form agent prompts have always had."""
-    rows = []
-    for step in steps:
-        row = step_to_row(step)
-        if step.kind == "api":
-            row["arguments"] = json.dumps(step.arguments, ensure_ascii=False)
-        elif step.kind == "json":
-            row["content"] = json.dumps(step.content, ensure_ascii=False)
-        rows.append(row)
-    return pa.array([rows], pa.list_(STEP_TYPE))
+def _observation_text(step: Any, opts: RenderOptions) -> str:
+    kind = step.kind
+    if kind == "text":
+        return step.content
+    if kind == "json":
+        return json.dumps(step.content, ensure_ascii=False)
+    if kind == "image":
+        return f"[image: {step.image.path}]"
+    if kind == "web":
+        return _web_text(step.url, step.html, step.axtree, step.screenshot.path if step.screenshot else None,
+                         opts.web_max_chars)
+    raise Unrenderable(f"unknown step kind {kind}")
+
+
+def _joined(a: str | None, b: str | None) -> str:
+    return f"{a}\n\n{b}" if a and b else a or b or ""
 
 
 def render(traj: Any, opts: RenderOptions = RenderOptions(), *, require_assistant: bool = True) -> list[Turn]:
     """A trajectory (`schemas.models.Trajectory`) as chat turns, arguments as JSON text.
 
+    The same rules as `render_batch`, executed step by step: at the size of one trajectory (an
+    agent's prompt, rendered for every model call) a loop costs a fraction of a millisecond where
+    the column-wise machinery costs several. `tests/export/test_export_render.py` checks the two
+    agree on the shipped samples and on thousands of random trajectories.
     `require_assistant=False` renders a history that has no agent turn yet (an agent's prompt).
     """
     if not traj.steps:
         raise Unrenderable("empty trajectory")
-    rendered = render_batch(steps_array(traj.steps), opts, require_assistant)
-    conv = rendered.conversation(0)
-    return [Turn(rendered.message(m), rendered.py("first")[m], rendered.py("last")[m], rendered.py("train")[m] != 0)
-            for m in conv.idx]
+    turns: list[Turn] = []
+    system: list[str] = []
+    pending: list[tuple[str, int]] = []  # calls awaiting an answer: (call id, step)
+    seen_action = False
+
+    def assistant(i: int, message: dict[str, Any], train: bool) -> None:
+        for call_id, step in pending:  # every call is answered before the next assistant message
+            turns.append(Turn({"role": "tool", "content": "", "tool_call_id": call_id}, step, step))
+        pending.clear()
+        turns.append(Turn(message, i, i, train))
+
+    for i, step in enumerate(traj.steps):
+        kind = step.kind
+        if kind in ACTION_KINDS:
+            seen_action = True
+            reasoning = step.reasoning if opts.reasoning else None
+            if kind == "api":
+                call_id = step.tool_call_id or f"call_{i}"
+                call = {"id": call_id, "type": "function",
+                        "function": {"name": step.function, "arguments": json.dumps(step.arguments, ensure_ascii=False)}}
+                last = turns[-1] if turns else None
+                if (last is not None and last.is_assistant and last.last_step == i - 1 and last.train == step.train
+                        and traj.steps[i - 1].kind in ("api", "message")):
+                    last.message["content"] = _joined(last.message["content"], step.thought)
+                    last.message.setdefault("tool_calls", []).append(call)
+                    if reasoning or last.message.get("reasoning_content"):
+                        last.message["reasoning_content"] = _joined(last.message.get("reasoning_content"), reasoning)
+                    last.last_step = i
+                else:
+                    message = {"role": "assistant", "content": step.thought or "", "tool_calls": [call]}
+                    if reasoning:
+                        message["reasoning_content"] = reasoning
+                    assistant(i, message, step.train)
+                pending.append((call_id, i))
+                continue
+            text = f"```{step.language}\n{step.content}\n```" if kind == "code" else step.content
+            message = {"role": "assistant", "content": f"{step.thought}\n\n{text}" if step.thought else text}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            assistant(i, message, step.train)
+        elif kind == "text" and step.source == "agent":
+            seen_action = True
+            assistant(i, {"role": "assistant", "content": step.content}, step.train)
+        elif pending:
+            match = next((p for p in pending if p[0] == step.tool_call_id), None) if step.tool_call_id else None
+            call_id = pending.pop(pending.index(match) if match else 0)[0]
+            turns.append(Turn({"role": "tool", "content": _observation_text(step, opts), "tool_call_id": call_id}, i, i))
+        elif not seen_action and kind == "text" and (step.name == "system" or step.source == "environment"):
+            system.append(step.content)
+        else:
+            turns.append(Turn({"role": "user", "content": _observation_text(step, opts)}, i, i))
+    if system:
+        turns.insert(0, Turn({"role": "system", "content": "\n\n".join(system)}, SYSTEM_STEP, SYSTEM_STEP))
+    if require_assistant and not any(t.is_assistant for t in turns):
+        raise Unrenderable("no assistant turn")
+    return turns
 
 
 def messages(turns: Sequence[Turn]) -> list[dict[str, Any]]:

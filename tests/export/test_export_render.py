@@ -11,8 +11,8 @@ import random
 import pyarrow as pa
 
 from converters.export.records import Record
-from converters.export.render import RenderOptions, Unrenderable, render, render_batch, steps_array
-from schemas.arrow import STEP_TYPE
+from converters.export.render import RenderOptions, Unrenderable, render, render_batch
+from schemas.arrow import STEP_TYPE, step_to_row
 from schemas.models import (ApiAction, CodeAction, ImageObservation, ImageRef, JsonObservation, MessageAction,
                             TextObservation, Trajectory, WebObservation)
 from tests.export import _data
@@ -154,29 +154,44 @@ def _random_trajectory(rng: random.Random, i: int) -> Trajectory:
     return Trajectory(id=f"r{i}", source="s", steps=steps)
 
 
-def test_a_batch_renders_each_trajectory_as_it_renders_alone():
-    """The batch renderer works across trajectory boundaries with array arithmetic: a trajectory
-    must come out the same whatever its neighbours are."""
-    trajectories = [_random_trajectory(random.Random(7), i) for i in range(300)]
-    steps = pa.array([[row for row in steps_array(t.steps)[0].as_py()] if t.steps else [] for t in trajectories],
-                     pa.list_(STEP_TYPE))
-    together = render_batch(steps, RenderOptions(web_max_chars=3))
-    for r, traj in enumerate(trajectories):
-        alone = render_batch(steps.slice(r, 1), RenderOptions(web_max_chars=3))
-        if together.errors[r] or alone.errors[0]:
-            assert together.errors[r] == alone.errors[0]
-            continue
-        assert together.conversation(r).messages() == alone.conversation(0).messages()
-        conv = together.conversation(r)
-        assert [conv.steps(k) for k in range(len(conv))] == [alone.conversation(0).steps(k) for k in range(len(conv))]
+def _steps(trajectories: list[Trajectory]) -> pa.ListArray:
+    """Model steps as a `list<step>` column, free-form values as `json.dumps` text (as `render` writes them)."""
+    rows = []
+    for traj in trajectories:
+        steps = []
+        for step in traj.steps:
+            row = step_to_row(step)
+            if step.kind == "api":
+                row["arguments"] = json.dumps(step.arguments, ensure_ascii=False)
+            elif step.kind == "json":
+                row["content"] = json.dumps(step.content, ensure_ascii=False)
+            steps.append(row)
+        rows.append(steps)
+    return pa.array(rows, pa.list_(STEP_TYPE))
 
 
-def test_every_adp_sample_renders_or_has_a_reason(adp_dir):
-    for traj in _data.adp_trajectories(adp_dir):
-        try:
-            turns = render(traj)
-        except Unrenderable:
-            continue
-        calls = {c["id"] for t in turns for c in t.message.get("tool_calls") or []}
-        answered = [t.message["tool_call_id"] for t in turns if t.role == "tool"]
-        assert set(answered) <= calls and len(answered) == len(set(answered))
+def test_render_and_render_batch_are_one_set_of_rules(adp_dir):
+    """`render` (one trajectory, step by step) and `render_batch` (column-wise, many at once) must
+    give the same messages, masks and step ranges; a trajectory must also come out the same
+    whatever its neighbours in the batch are."""
+    rng = random.Random(7)
+    trajectories = [_random_trajectory(rng, i) for i in range(1500)]
+    trajectories += [_data.tool_traj(), _data.masked_traj(), _data.interleaved_traj(), _data.labeled_traj(),
+                     _data.masked_observation_traj(), *_data.adp_trajectories(adp_dir)]
+    for opts in (RenderOptions(web_max_chars=3), RenderOptions(reasoning=False)):
+        batch = render_batch(_steps(trajectories), opts)
+        for r, traj in enumerate(trajectories):
+            try:
+                turns = render(traj, opts)
+            except Unrenderable as exc:
+                assert batch.errors[r] == str(exc), traj.id
+                continue
+            conv = batch.conversation(r)
+            assert conv.messages() == [t.message for t in turns], traj.id
+            assert [conv.steps(k) for k in range(len(conv))] == [
+                range(t.first_step, t.last_step + 1) if t.first_step >= 0 else range(0) for t in turns]
+            assert [conv.train(k) for k in range(len(conv))] == [t.is_assistant and t.train for t in turns]
+    alone = render_batch(_steps(trajectories[:50]), RenderOptions())
+    for r in range(50):
+        one = render_batch(_steps(trajectories[r:r + 1]), RenderOptions())
+        assert (one.errors[0] or one.conversation(0).messages()) == (alone.errors[r] or alone.conversation(r).messages())
