@@ -13,6 +13,7 @@ assistant messages, and on trainable assistant messages.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,3 +149,49 @@ def loss_tokens(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
         count.context += "context" in kinds
         count.trainable += "trainable" in kinds
     return count
+
+
+def tools_of(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    return json.loads(row["tools"]) if row["tools"] else None
+
+
+def sft_counts(trainer: Any, tok: Any, data: Any) -> list[tuple[str, LossCount]]:
+    """(row id, loss attribution) per row, from an SFTTrainer's prepared dataset and collator."""
+    processed = trainer.train_dataset
+    assert len(processed) == len(data)
+    batch = trainer.data_collator([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in processed])
+    out = []
+    for k, row in enumerate(data):
+        n = len(processed[k]["input_ids"])
+        labels = batch["labels"][k][:n].tolist()
+        out.append((row["id"], loss_tokens(tok, row["prompt"] + row["completion"], tools_of(row),
+                                           batch["input_ids"][k][:n].tolist(), [label != -100 for label in labels],
+                                           trained_from=len(row["prompt"]))))
+    return out
+
+
+def preference_trainer(fmt: str, tok: Any, data: Any, tmp_path: Path) -> Any:
+    """A DPOTrainer (trl-dpo) or KTOTrainer (trl-kto) with the card's settings; an explicit reference
+    model, since TRL would otherwise reload one by name and ours has none (no hub)."""
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
+
+    trainer, config = (DPOTrainer, DPOConfig) if fmt == "trl-dpo" else (KTOTrainer, KTOConfig)
+    return trainer(model=model(tok), ref_model=model(tok), args=config(**train_args(tmp_path, fmt)),
+                   train_dataset=data, processing_class=tok)
+
+
+def preference_counts(trainer: Any, tok: Any, data: Any) -> list[tuple[str, str, LossCount]]:
+    """(row id, side, loss attribution) per row and side, from a DPO/KTO trainer's collator:
+    DPO batches every chosen sequence, then every rejected one; KTO one completion per row."""
+    sides = ("chosen", "rejected") if "chosen" in data.column_names else ("completion",)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(data))])
+    out = []
+    for j, side in enumerate(sides):
+        for k, row in enumerate(data):
+            b = k + j * len(data)
+            n = int(batch["attention_mask"][b].sum())
+            out.append((row["id"], side, loss_tokens(tok, row["prompt"] + row[side], tools_of(row),
+                                                     batch["input_ids"][b][:n].tolist(),
+                                                     batch["completion_mask"][b][:n].bool().tolist(),
+                                                     trained_from=len(row["prompt"]))))
+    return out

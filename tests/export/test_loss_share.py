@@ -29,7 +29,7 @@ from generators.scripted import ScriptedRetailLLM, cancel_tasks
 from schemas.store import Dataset
 from tests.export import _data, _tiny
 from tests.export.test_sharegpt_llamafactory import convert
-from tests.export.test_trl_trainers import _load, _tools
+from tests.export.test_trl_trainers import _load
 from tests.generators.test_rollout import RetailScript, _config, _retail_tasks
 from tests.generators.test_step_verify import make_verified_output
 
@@ -70,31 +70,17 @@ def _sft(demo: dict[str, Any], tok: Any, tmp: Path) -> _tiny.LossCount:
     data = _load(demo["root"] / "trl-sft")
     trainer = SFTTrainer(model=_tiny.model(tok), args=SFTConfig(**_tiny.train_args(tmp, "sft"), assistant_only_loss=True),
                          train_dataset=data, processing_class=tok)
-    processed = trainer.train_dataset
     total = _tiny.LossCount()
-    for k, row in enumerate(data):
-        ids, labels = processed[k]["input_ids"], processed[k]["labels"]
-        total += _tiny.loss_tokens(tok, row["prompt"] + row["completion"], _tools(row), ids,
-                                   [label != -100 for label in labels], trained_from=len(row["prompt"]))
+    for _, count in _tiny.sft_counts(trainer, tok, data):
+        total += count
     return total
 
 
 def _preference(demo: dict[str, Any], tok: Any, tmp: Path, fmt: str) -> _tiny.LossCount:
-    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
-
     data = _load(demo["root"] / fmt)
-    trainer_class, config, sides = ((DPOTrainer, DPOConfig, ("chosen", "rejected")) if fmt == "trl-dpo"
-                                    else (KTOTrainer, KTOConfig, ("completion",)))
-    trainer = trainer_class(model=_tiny.model(tok), ref_model=_tiny.model(tok),
-                            args=config(**_tiny.train_args(tmp, fmt)), train_dataset=data, processing_class=tok)
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(data))])
     total = _tiny.LossCount()
-    for j, side in enumerate(sides):
-        for k, row in enumerate(data):
-            b = k + j * len(data)
-            n = int(batch["attention_mask"][b].sum())
-            total += _tiny.loss_tokens(tok, row["prompt"] + row[side], _tools(row), batch["input_ids"][b][:n].tolist(),
-                                       batch["completion_mask"][b][:n].bool().tolist(), trained_from=len(row["prompt"]))
+    for _, _, count in _tiny.preference_counts(_tiny.preference_trainer(fmt, tok, data, tmp), tok, data):
+        total += count
     return total
 
 
@@ -102,7 +88,7 @@ def _tokenized(demo: dict[str, Any], tok: Any) -> _tiny.LossCount:
     total = _tiny.LossCount()
     for row in _load(demo["root"] / "tokenized"):
         (conv,) = preview(demo["trajectories"][row["id"]], "trl-sft", sft_layout="messages").rows
-        total += _tiny.loss_tokens(tok, conv["messages"], _tools(conv), row["input_ids"],
+        total += _tiny.loss_tokens(tok, conv["messages"], _tiny.tools_of(conv), row["input_ids"],
                                    [bool(m) for m in row["assistant_masks"]])
     return total
 

@@ -34,10 +34,6 @@ def _load(out: Path):
     return datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(out / ".hf-cache"))
 
 
-def _tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
-    return json.loads(row["tools"]) if row["tools"] else None
-
-
 @pytest.fixture(scope="module")
 def hand(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("trl")
@@ -60,12 +56,12 @@ def test_rows_keep_arguments_as_mappings_a_mapping_template_needs(hand):
     call = row["completion"][0]["tool_calls"][0]["function"]
     assert call["arguments"] == {"city": "Oslo", "units": {"temp": "C"}}
     tok = _tiny.load_tokenizer(hand["tokenizers"][_tiny.MAPPING_TEMPLATE])
-    rendered = tok.apply_chat_template(row["prompt"] + row["completion"], tools=_tools(row), tokenize=False)
+    rendered = tok.apply_chat_template(row["prompt"] + row["completion"], tools=_tiny.tools_of(row), tokenize=False)
     assert "<parameter=units>\n{\"temp\": \"C\"}\n</parameter>" in rendered
     as_text = json.loads(json.dumps(row["completion"]))
     as_text[0]["tool_calls"][0]["function"]["arguments"] = json.dumps(call["arguments"])
     with pytest.raises(Exception, match="mapping"):  # what JSON-string arguments did to this template
-        tok.apply_chat_template(row["prompt"] + as_text, tools=_tools(row), tokenize=False)
+        tok.apply_chat_template(row["prompt"] + as_text, tools=_tiny.tools_of(row), tokenize=False)
 
 
 @pytest.mark.parametrize("template", ["qwen2_5_training", _tiny.MAPPING_TEMPLATE])
@@ -80,17 +76,9 @@ def test_sft_trainer_trains_only_trainable_assistant_tokens(hand, tmp_path, temp
     trainer = SFTTrainer(model=_tiny.model(tok), args=SFTConfig(**_tiny.train_args(tmp_path, "sft"),
                                                                   assistant_only_loss=True),
                          train_dataset=data, processing_class=tok)
-    processed = trainer.train_dataset
-    assert len(processed) == len(data)
-    batch = trainer.data_collator([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in processed])
     total = _tiny.LossCount()
-    for k, row in enumerate(data):
-        n = len(processed[k]["input_ids"])
-        ids, labels = batch["input_ids"][k][:n].tolist(), batch["labels"][k][:n].tolist()
-        count = _tiny.loss_tokens(tok, row["prompt"] + row["completion"], _tools(row), ids,
-                                  [label != -100 for label in labels], trained_from=len(row["prompt"]))
-        assert count.environment == 0 and count.context == 0, (row["id"], count)
-        assert count.trainable > 0, row["id"]
+    for row_id, count in _tiny.sft_counts(trainer, tok, data):
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row_id, count)
         total += count
     assert total.loss > total.trainable > 0  # the rest: the template's end-of-turn tokens
     result = trainer.train()
@@ -99,42 +87,24 @@ def test_sft_trainer_trains_only_trainable_assistant_tokens(hand, tmp_path, temp
 
 @pytest.mark.parametrize("template", ["qwen3_training", _tiny.MAPPING_TEMPLATE])
 def test_dpo_trainer_prefers_on_the_next_assistant_message_only(hand, tmp_path, template):
-    from trl import DPOConfig, DPOTrainer
-
     data = hand["trl-dpo"]
     assert len(data) == 2 and all(len(r["chosen"]) == len(r["rejected"]) == 1 for r in data)  # step level
     tok = _tiny.load_tokenizer(hand["tokenizers"][template])
-    # An explicit reference model: TRL would otherwise reload it by name, and ours has none (no hub).
-    trainer = DPOTrainer(model=_tiny.model(tok), ref_model=_tiny.model(tok),
-                         args=DPOConfig(**_tiny.train_args(tmp_path, "dpo")), train_dataset=data, processing_class=tok)
-    processed = [trainer.train_dataset[i] for i in range(len(data))]
-    batch = trainer.data_collator(processed)
-    for k, row in enumerate(data):
-        for side, b in (("chosen", k), ("rejected", k + len(data))):
-            n = int(batch["attention_mask"][b].sum())
-            count = _tiny.loss_tokens(tok, row["prompt"] + row[side], _tools(row), batch["input_ids"][b][:n].tolist(),
-                                      batch["completion_mask"][b][:n].bool().tolist(), trained_from=len(row["prompt"]))
-            assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row["id"], side, count)
+    trainer = _tiny.preference_trainer("trl-dpo", tok, data, tmp_path)
+    for row_id, side, count in _tiny.preference_counts(trainer, tok, data):
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row_id, side, count)
     trainer.train()
     assert trainer.state.global_step == 2
 
 
 @pytest.mark.parametrize("template", ["qwen2_5_training", _tiny.MAPPING_TEMPLATE])
 def test_kto_trainer_labels_one_assistant_message_per_row(hand, tmp_path, template):
-    from trl import KTOConfig, KTOTrainer
-
     data = hand["trl-kto"]
     assert set(data["label"]) == {True, False} and all(len(r["completion"]) == 1 for r in data)
     tok = _tiny.load_tokenizer(hand["tokenizers"][template])
-    trainer = KTOTrainer(model=_tiny.model(tok), ref_model=_tiny.model(tok),
-                         args=KTOConfig(**_tiny.train_args(tmp_path, "kto")), train_dataset=data, processing_class=tok)
-    processed = [trainer.train_dataset[i] for i in range(len(data))]
-    batch = trainer.data_collator(processed)
-    for k, row in enumerate(data):
-        n = int(batch["attention_mask"][k].sum())
-        count = _tiny.loss_tokens(tok, row["prompt"] + row["completion"], _tools(row), batch["input_ids"][k][:n].tolist(),
-                                  batch["completion_mask"][k][:n].bool().tolist(), trained_from=len(row["prompt"]))
-        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row["id"], count)
+    trainer = _tiny.preference_trainer("trl-kto", tok, data, tmp_path)
+    for row_id, side, count in _tiny.preference_counts(trainer, tok, data):
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row_id, count)
     trainer.train()
     assert trainer.state.global_step == 2
 
@@ -154,11 +124,11 @@ def test_tokenized_export_is_ready_for_sft_trainer(hand, tmp_path):
         # The conversation each row is, with its per-message train flags.
         (messages_row,) = preview(by_id[row["id"]], "trl-sft", sft_layout="messages").rows
         messages = messages_row["messages"]
-        count = _tiny.loss_tokens(tok, messages, _tools(messages_row), row["input_ids"],
+        count = _tiny.loss_tokens(tok, messages, _tiny.tools_of(messages_row), row["input_ids"],
                                   [bool(m) for m in row["assistant_masks"]])
         assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row["id"], count)
         # Exactly transformers' assistant mask, with the masked messages' spans zeroed.
-        full = tok.apply_chat_template(messages, tools=_tools(messages_row), tokenize=True, return_dict=True,
+        full = tok.apply_chat_template(messages, tools=_tiny.tools_of(messages_row), tokenize=True, return_dict=True,
                                        return_assistant_tokens_mask=True)
         assert full["input_ids"] == row["input_ids"]
         assert all(m <= f for m, f in zip(row["assistant_masks"], full["assistant_masks"]))
