@@ -238,6 +238,14 @@ class LLM(ABC):
                 if err.kind in OVERLOAD:
                     self.limiter.on_overload(epoch)
                 if not err.retryable or attempt >= cfg.max_retries:
+                    cut = getattr(err, "completions", None) if err.kind == "truncated" else None
+                    if cut is not None:
+                        # Still cut short after the retries: handed back with finish_reason=length,
+                        # for the caller to record as truncated (never as a whole answer).
+                        self.stats.truncated += 1
+                        log.warning("answer still cut short after %d attempt(s): returned as truncated", attempt + 1)
+                        self._count_tokens(cut)
+                        return cut
                     err.attempts = attempt + 1  # type: ignore[attr-defined]
                     raise err from None
                 delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, err.retry_after, self._rng)
@@ -251,10 +259,13 @@ class LLM(ABC):
                 raise
             self.limiter.release()
             self.limiter.on_success()
-            for c in completions:
-                self.stats.prompt_tokens += c.usage.prompt_tokens
-                self.stats.completion_tokens += c.usage.completion_tokens
+            self._count_tokens(completions)
             return completions
+
+    def _count_tokens(self, completions: list[Completion]) -> None:
+        for c in completions:
+            self.stats.prompt_tokens += c.usage.prompt_tokens
+            self.stats.completion_tokens += c.usage.completion_tokens
 
     def _classify(self, exc: Exception) -> BackendError:
         if isinstance(exc, BackendError):
@@ -267,21 +278,21 @@ class LLM(ABC):
 
     @staticmethod
     def _validate(request: ChatRequest, completions: list[Completion]) -> None:
-        """Reject answers that are broken in transit so they are retried instead of cached."""
+        """Reject answers that are broken in transit or cut short so they are retried instead of
+        cached. A cut answer (finish_reason=length) travels with the error: once the retries are
+        spent it is returned as such, so callers can tell it from a whole answer."""
         if len(completions) != request.n:
             raise BackendError("malformed", f"expected {request.n} choices, got {len(completions)}")
         for c in completions:
+            if c.finish_reason == "length":
+                err = BackendError("truncated", "answer cut off at the token limit (finish_reason=length)")
+                err.completions = completions  # type: ignore[attr-defined]
+                raise err
             for call in c.tool_calls:
                 try:
                     orjson.loads(call.arguments)
                 except orjson.JSONDecodeError:
-                    kind = "truncated" if c.finish_reason == "length" else "malformed"
-                    raise BackendError(kind, f"tool call {call.name!r} has invalid JSON arguments") from None
-            if request.response_format is not None and c.finish_reason == "length":
-                try:
-                    extract_json(c.text)
-                except ValueError:
-                    raise BackendError("truncated", "structured answer cut off (finish_reason=length)") from None
+                    raise BackendError("malformed", f"tool call {call.name!r} has invalid JSON arguments") from None
 
     def _give_up(self, request: ChatRequest, kind: str, message: str, attempts: int) -> LLMRequestError:
         key = self.request_key(request)

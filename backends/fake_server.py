@@ -31,6 +31,10 @@ class ToolCallAnswer:
     arguments: dict[str, Any] | str
 
 
+class Samples(list):  # type: ignore[type-arg]
+    """One answer per sample of an n-sample request (sample i gets item i mod len)."""
+
+
 @dataclass(slots=True)
 class Fault:
     """An answer that is a failure: one of FAULT_KINDS, or an HTTP status code as a string."""
@@ -207,7 +211,8 @@ class FakeServer:
 
         n = int(body.get("n") or 1)
         truncated = fault == "truncated"
-        choices = [_choice(i, answer, last_user, truncated) for i in range(n)]
+        per_sample = answer if isinstance(answer, Samples) and answer else [answer]
+        choices = [_choice(i, per_sample[i % len(per_sample)], last_user, truncated) for i in range(n)]
         prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
         completion_tokens = sum(len((c["message"]["content"] or "").split()) + 1 for c in choices)
         payload = {

@@ -152,3 +152,44 @@ class OpenAILLM(LLM):
         if self._sdk is not None:
             await self._sdk.close()
             self._sdk = None
+
+
+def endpoint_problem(config: LLMConfig, timeout_s: float = 10.0) -> str | None:
+    """Why the configured OpenAI-compatible endpoint cannot serve a job (None when it answers).
+
+    One cheap `GET {base_url}/models` before a job starts, so a wrong or unreachable URL is one
+    line instead of every task failing: not an http(s) URL, no connection (refused, unknown host,
+    timeout), or credentials refused (401/403). Any other answer, 404 included (some servers have
+    no /models), counts as reachable. The key goes only in the Authorization header and is
+    redacted from what is said.
+    """
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from backends.redact import Redactor
+
+    base = (config.base_url or "https://api.openai.com/v1").rstrip("/")
+    key = config.api_key()
+    redact = Redactor([key] if key else [])
+    url = urllib.parse.urlsplit(base)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"llm.base_url {redact(base)!r} is not an http(s) URL (e.g. http://localhost:8000/v1)"
+    try:
+        url.port  # noqa: B018 - raises on a malformed port
+    except ValueError as exc:
+        return f"llm.base_url {redact(base)!r} is malformed ({exc})"
+    request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+    # No proxies from the environment: the job's own clients do not use them either.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return f"llm.base_url {redact(base)}: the server refused the credentials (HTTP {exc.code}; " \
+                   f"check {config.api_key_env or 'the API key'})"
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"llm.base_url {redact(base)}: cannot reach the server ({redact(str(reason))})"

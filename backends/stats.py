@@ -13,6 +13,7 @@ class Stats:
     cache_hits: int = 0
     retries: int = 0
     failures: int = 0  # requests given up and written to the ledger
+    truncated: int = 0  # answers still cut short (finish_reason=length) after the retries, returned as such
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

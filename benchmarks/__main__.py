@@ -139,7 +139,12 @@ SUITE: tuple[Benchmark, ...] = (
               ("--sizes", "250000,500000,1000000", "--datatrove-max", "250000")),
     Benchmark("export", "benchmarks.export", ("--sizes", "10000,30000,100000"), ("--sizes", "100000,300000,1000000"),
               extract=export_rows),
+    # The target is about 1M trajectories, so both sizes are 1M (about 2 minutes on 2 cores).
+    Benchmark("viewer", "benchmarks.viewer", ("--records", "1000000"), ("--records", "1000000")),
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
+    Benchmark("envs", "benchmarks.envs", (), ("--calls", "2000", "--episodes", "192")),
+    Benchmark("envs_browser", "benchmarks.envs_browser", ("--steps", "120", "--episodes", "16"),
+              ("--steps", "600", "--episodes", "64")),
 )
 
 

@@ -5,7 +5,8 @@ The judge sees the task, the step (thought + action) and the observations before
 and answers `{label: good|bad, reason}`; the verifier walks a whole path once and answers per
 step Good / Bad / Uncertain. Both go through `llm.structured`, so answers are schema-checked,
 retried with the error, cached, and None (ledgered) when the model never complies.
-Agreement with the rule verifiers (`filters.step_rules`) is measured with Cohen's kappa.
+Agreement with reference labels (`filters.step_rules`: replay labels, reference actions) is measured as
+accuracy, Cohen's kappa and the precision / recall of "bad".
 """
 
 from __future__ import annotations
@@ -155,16 +156,24 @@ def confusion(a: dict[int, str], b: dict[int, str]) -> Counter[str]:
     return out
 
 
+def _ratio(num: int, den: int) -> float | None:
+    return round(num / den, 4) if den else None
+
+
 def agreement(cells: dict[str, int] | Counter[str]) -> dict[str, Any]:
-    """Agreement rate and Cohen's kappa from confusion cells good_good / good_bad / bad_good / bad_bad."""
+    """How a judge agrees with a reference labeler, from confusion cells `<judge>_<reference>`
+    (good_good / good_bad / bad_good / bad_bad): accuracy (the share of steps labeled alike), Cohen's kappa, and the
+    precision and recall of the judge's "bad" (how many steps it calls bad are bad; how many bad
+    steps it finds). A ratio with nothing to divide by is None."""
     gg, gb, bg, bb = (int(cells.get(k, 0)) for k in ("good_good", "good_bad", "bad_good", "bad_bad"))
     n = gg + gb + bg + bb
     if n == 0:
-        return {"compared": 0, "agreement": None, "kappa": None}
+        return {"compared": 0, "accuracy": None, "kappa": None, "bad_precision": None, "bad_recall": None}
     po = (gg + bb) / n
     pe = ((gg + gb) * (gg + bg) + (bg + bb) * (gb + bb)) / (n * n)
     kappa = 1.0 if pe >= 1.0 else (po - pe) / (1 - pe)
-    return {"compared": n, "agreement": round(po, 4), "kappa": round(kappa, 4)}
+    return {"compared": n, "accuracy": round(po, 4), "kappa": round(kappa, 4),
+            "bad_precision": _ratio(bb, bb + bg), "bad_recall": _ratio(bb, bb + gb)}
 
 
 def labels_of(traj: Trajectory) -> dict[int, str]:

@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flows.console import console, fail
+from flows.console import beam_errors_reported_once, console, fail
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, InputError
 from schemas.store import DEFAULT_MAX_ROWS, StoreError
 
@@ -62,10 +62,11 @@ def convert(
         progress.update(written, completed=n_written, total=total)
 
     try:
-        summary = run_convert(
-            source, inputs, str(output), runner=runner, beam_args=list(ctx.args), chunk_size=chunk_size,
-            max_rows=shard_rows, overwrite=overwrite, on_progress=on_progress, workers=workers,
-        )
+        with beam_errors_reported_once():
+            summary = run_convert(
+                source, inputs, str(output), runner=runner, beam_args=list(ctx.args), chunk_size=chunk_size,
+                max_rows=shard_rows, overwrite=overwrite, on_progress=on_progress, workers=workers,
+            )
     except (ConvertError, InputError, StoreError) as exc:
         fail(str(exc))
     finally:

@@ -98,9 +98,14 @@ def card(
     """Regenerate the dataset card (README.md and plots/*.png) of an export directory from its card.json."""
     from converters.export.card import CardError, regenerate_card
 
+    if not export_dir.is_dir():
+        fail(f"{export_dir}: {'no such' if not export_dir.exists() else 'not an'} export directory "
+             "(give the directory trajforge export wrote)")
     try:
         readme = regenerate_card(export_dir)
     except CardError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"{export_dir}: cannot rebuild the card ({exc.strerror or exc})")
     plots = sorted(p.name for p in (export_dir / "plots").glob("*.png"))
     console.print(f"wrote {readme} and {len(plots)} plots: {', '.join(plots) or '-'}", highlight=False)

@@ -23,14 +23,13 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
 from pydantic import BaseModel, Field
 
-from envs.base import Environment, Task
-from envs.registry import make_env
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from envs.base import Task
+from generators.base import MAX_TASKS, RunSummary, TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.mcts import MCTS, SearchConfig
 from generators.registry import register_method
 from schemas.models import Trajectory
@@ -48,19 +47,14 @@ class EvolvedTask(BaseModel):
     direction: Literal["easier", "harder"]
 
 
-class CurriculumConfig(MethodConfig):
+class CurriculumConfig(EnvMethodConfig):
     method: Literal["curriculum"] = "curriculum"
-    env: str = "retail"
-    env_config: dict[str, Any] = Field(default_factory=dict)
-    num_tasks: int = Field(8, ge=1)
-    task_seed: int = 0
-    task_ids: list[str] | None = None
-    candidates: int = Field(32, ge=1, description="environment tasks (another seed) evolution may map to")
+    requires: ClassVar[frozenset[str]] = frozenset({"generator"})
+    candidates: int = Field(32, ge=1, le=MAX_TASKS, description="environment tasks (another seed) evolution may map to")
     rollouts: int = Field(4, ge=2)
     band: tuple[float, float] = Field((0.0, 1.0), description="keep tasks whose mean reward is strictly inside")
     generations: int = Field(1, ge=0, description="evolution rounds after the seed round")
     select: int = Field(2, ge=1, description="tasks evolved per round: the in-band ones with the highest reward variance")
-    max_depth: int = Field(10, ge=1)
     temperature: float = 1.0
 
 
@@ -116,7 +110,7 @@ def nearest_task(instruction: str, parent: Task, pool: list[Task], direction: st
 
 
 @register_method
-class Curriculum(GenerationMethod):
+class Curriculum(EnvMethod):
     """DreamGym / AgentGen: roll out tasks, evolve the highest-variance ones easier / harder, keep those in band."""
 
     name = "curriculum"
@@ -127,25 +121,15 @@ class Curriculum(GenerationMethod):
     def __init__(self, config: CurriculumConfig, llm: Any):
         super().__init__(config, llm)
         self.tracker = RewardTracker(config.band)
-        self._seeds: dict[str, Task] | None = None
         self._pool: list[Task] | None = None
 
-    def make_env(self) -> Environment:
-        return make_env(self.config.env, **self.config.env_config)
-
     def seed_tasks(self) -> dict[str, Task]:
-        if self._seeds is None:
-            with self.make_env() as env:
-                tasks = env.generate_tasks(self.config.num_tasks, seed=self.config.task_seed)
-                self._pool = env.generate_tasks(self.config.candidates, seed=self.config.task_seed + 1)
-            if self.config.task_ids is not None:
-                tasks = [t for t in tasks if t.id in set(self.config.task_ids)]
-            self._seeds = {t.id: t for t in tasks}
-        return self._seeds
+        return self.env_tasks()
 
     def pool(self) -> list[Task]:
-        self.seed_tasks()
-        assert self._pool is not None
+        if self._pool is None:
+            env = self.make_env()
+            self._pool = env.generate_tasks(self.config.candidates, seed=self.config.tasks.seed + 1)
         return self._pool
 
     def tasks(self) -> Iterable[TaskSpec]:
@@ -186,27 +170,21 @@ class Curriculum(GenerationMethod):
     # ---- one method task --------------------------------------------------------------------------
     async def attempt(self, task: Task, key: str, generation: int, parent: str | None) -> list[Trajectory]:
         """`rollouts` attempts at `task`, tagged with the method task id `key` and the task's statistics."""
-        with self.make_env() as env:
-            tools = env.tools()
-        policy = AgentPolicy(self.llm, tools, temperature=self.config.temperature)
-        greedy = AgentPolicy(self.llm, tools, temperature=0.0)
-        search = SearchConfig(iterations=1, generations=self.config.rollouts, max_depth=self.config.max_depth,
+        policy = self.policy(self.config.temperature)
+        greedy = self.policy(0.0)
+        search = SearchConfig(iterations=1, generations=self.config.rollouts, max_depth=self.config.max_steps,
                               dedupe_children=False)
         tree = await MCTS(self.make_env, policy, search, rollout_policy=greedy).search(task)
         rewards = [float(child.outcome or 0.0) for child in tree.root.children]
         stats = RewardTracker.of(self.config.band, key, rewards)
         info = {"task_id": key, "generation": generation, "parent": parent, "mean_reward": stats.mean(key),
                 "variance": stats.variance(key), "in_band": stats.in_band(key)}
-        return [
-            Trajectory(
-                id=f"{self.name}/{key}/g{generation}/r{i}", source=self.name, steps=child.path_steps(),
-                tools=tools, reward=reward, success=reward >= 1.0,
-                provenance=self.provenance(task.id, parents=[parent] if parent else [], seed=task.seed),
-                details={"task": task.model_dump(mode="json"), "env": self.config.env,
-                         "env_config": self.config.env_config, "curriculum": info},
-            )
-            for i, (child, reward) in enumerate(zip(tree.root.children, rewards))
-        ]
+        out = []
+        for i, child in enumerate(tree.root.children):
+            traj = self.trajectory(task, "", child.path_steps(), child.evaluation, parents=[parent] if parent else [],
+                                   curriculum=info)
+            out.append(traj.model_copy(update={"id": f"{self.name}/{key}/g{generation}/r{i}"}))
+        return out
 
     async def evolve(self, task: Task, direction: str, rate: float) -> Task | None:
         prompt = EVOLVE.format(rate=rate, instruction=task.instruction, direction=direction)

@@ -17,11 +17,11 @@ from typing import Any, Iterable, Literal
 
 from pydantic import Field
 
-from envs.registry import make_env
+from envs.base import ACTION_KINDS
 from filters import step_judge, step_rules
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
-from generators.mcts import ACTION_KINDS, renumber_calls, rollout
+from generators._episode import continue_episode, renumber_calls
+from generators.base import TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from schemas.models import MessageAction, Trajectory
 from schemas.store import Dataset
@@ -29,23 +29,22 @@ from schemas.store import Dataset
 REFLECTION = "I made a mistake in my last step: {reason} Let me reconsider and correct it."
 
 
-class ReflectionConfig(MethodConfig):
+class ReflectionConfig(EnvMethodConfig):
     method: Literal["reflection"] = "reflection"
     input: str = Field(description="dataset directory with failed trajectories (details.task set)")
     locator: Literal["labels", "rules", "llm"] = "labels"
-    max_depth: int = Field(10, ge=1, description="agent actions in the whole corrected trajectory")
-    agent_mode: Literal["tools", "text"] = "tools"
     reflection_template: str = REFLECTION
 
 
 @register_method
-class Reflection(GenerationMethod):
+class Reflection(EnvMethod):
     """STeP / AgentRefine: failed trajectory -> masked error + reflection + corrected continuation."""
 
     name = "reflection"
     Config = ReflectionConfig
     templates = (REFLECTION, *step_judge.TEMPLATES)
     config: ReflectionConfig
+    uses_task_source = False
 
     def __init__(self, config: ReflectionConfig, llm: Any):
         super().__init__(config, llm)
@@ -54,7 +53,8 @@ class Reflection(GenerationMethod):
     def inputs(self) -> dict[str, Trajectory]:
         if self._input is None:
             self._input = {t.id: t for t in Dataset.open(self.config.input).iter_records()
-                           if not t.success and step_rules.task_of(t) is not None}
+                           if not t.success and (task := step_rules.task_of(t)) is not None
+                           and task.env == self.config.env}
         return self._input
 
     def tasks(self) -> Iterable[TaskSpec]:
@@ -67,8 +67,8 @@ class Reflection(GenerationMethod):
             if bad is not None:
                 return bad, str(traj.steps[bad].extra.get("judge_reason", "the step was judged bad"))
         if self.config.locator == "llm":
-            return await step_judge.locate_first_error(self.llm, traj.steps)
-        labels = step_rules.rule_labels(traj)
+            return await step_judge.locate_first_error(self.judge_llm, traj.steps)
+        labels = await step_rules.rule_labels(traj)
         index = step_rules.first_bad(labels)
         return index, labels[index].reason if index is not None else "no rule flags a step"
 
@@ -87,16 +87,14 @@ class Reflection(GenerationMethod):
         reason = reason.strip().rstrip(".") + "."
         thought = MessageAction(content=self.config.reflection_template.format(reason=reason), extra={"kind": "revision"})
         history = prefix + masked + [thought]
-        with make_env(env_task.env, **step_rules.env_config_of(traj)) as env:
-            tools = env.tools()
-            await env.areset(env_task)
-            depth = 0
-            for step in prefix:  # back to the state before the error
-                if step.kind in ACTION_KINDS and step.train and not step_rules.is_revision(step):
-                    await env.astep(step)  # type: ignore[arg-type]
-                    depth += 1
-            policy = AgentPolicy(self.llm, tools, mode=self.config.agent_mode, temperature=0.0)
-            steps, outcome, _ = await rollout(env, policy, history, depth + 1, self.config.max_depth)
+        async with self.make_env() as env:
+            await env.replay(env_task, prefix)  # back to the state before the error
+            episode = await continue_episode(env, self.policy(0.0), history, max_steps=self.config.max_steps,
+                                             actions_taken=sum(1 for s in prefix if s.kind in ACTION_KINDS) + 1,
+                                             max_parse_failures=self.config.max_parse_failures)
+            result.counts["replays"] += env.replays
+        steps, outcome = episode.steps[len(history):], episode.reward
+        tools = self.tools
         fixed = Trajectory(
             id=f"{self.name}/{traj.id}", source=self.name, steps=renumber_calls(history + steps), tools=tools,
             reward=outcome, success=outcome >= 1.0, provenance=self.provenance(task.id, parents=[traj.id], seed=env_task.seed),

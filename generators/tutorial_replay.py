@@ -41,16 +41,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from backends.errors import LLMRequestError
 from envs.base import Environment, Task
+from generators._episode import Episode, play_episode
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, GenerationMethod, MethodConfig, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.transcript import render_transcript
 from schemas.models import Step, TextObservation, Tool, Trajectory
@@ -110,6 +110,8 @@ DEFAULT_KIND_KEYWORDS: dict[str, dict[str, list[str]]] = {
 
 
 class TutorialReplayConfig(MethodConfig):
+    """Tutorials are mapped onto the task kinds of the built-in retail and web task generators."""
+
     method: Literal["tutorial_replay"] = "tutorial_replay"
     tutorials: list[str] = Field(default_factory=lambda: ["samples/tutorials"],
                                  description="JSONL files of {id, title, text}, Markdown files, or folders of them")
@@ -119,7 +121,7 @@ class TutorialReplayConfig(MethodConfig):
         default_factory=lambda: {e: {k: list(v) for k, v in kinds.items()} for e, kinds in DEFAULT_KIND_KEYWORDS.items()})
     max_tutorials: int | None = Field(None, ge=1)
     max_tutorial_chars: int = Field(4000, ge=200, description="longer tutorial texts are cut")
-    candidate_tasks: int = Field(28, ge=1, description="env tasks generated to map specs onto")
+    candidate_tasks: int = Field(28, ge=1, le=MAX_TASKS, description="env tasks generated to map specs onto")
     world_seed: int = 0
     replays: int = Field(1, ge=1, description="replays (trajectories) per kept tutorial")
     max_steps: int = Field(20, ge=1)
@@ -128,6 +130,14 @@ class TutorialReplayConfig(MethodConfig):
     success_from: Literal["env", "judge"] = "env"
     keep_failed: bool = False
     max_transcript_chars: int = Field(8000, ge=500)
+
+    @model_validator(mode="after")
+    def _mappable_platforms(self) -> TutorialReplayConfig:
+        unknown = [p for p in self.platforms if p not in DEFAULT_KIND_KEYWORDS]
+        if unknown:
+            raise ValueError(f"tutorial_replay maps tutorials onto the task kinds of the "
+                             f"{' and '.join(DEFAULT_KIND_KEYWORDS)} task generators; {', '.join(unknown)} has none")
+        return self
 
 
 class Classification(BaseModel):
@@ -192,41 +202,6 @@ def load_tutorials(sources: Iterable[str]) -> list[dict[str, str]]:
     return out
 
 
-# ---- the episode loop (a small private one; rollout.py may replace it) ---------------------------
-
-@dataclass
-class Episode:
-    steps: list[Step]
-    reward: float
-    done: bool
-    stop_reason: str
-    errors: list[str] = field(default_factory=list)
-
-
-async def play_episode(env: Environment, policy: AgentPolicy, task: Task, *, max_steps: int,
-                       guidance: str | None = None) -> Episode:
-    """Reset `env` to `task` and let `policy` act until the episode ends; LLMRequestError propagates."""
-    steps: list[Step] = [await env.areset(task)]
-    errors: list[str] = []
-    stop = "max_steps"
-    done = False
-    for _ in range(max_steps):
-        proposal = (await policy.propose(steps, guidance=guidance))[0]
-        if proposal.action is None:
-            errors.append(proposal.error or "no action")
-            stop = f"unparseable action: {proposal.error}"
-            break
-        steps.append(proposal.action)
-        result = await env.astep(proposal.action)
-        steps.append(result.observation)
-        if result.info.get("error"):
-            errors.append(str(result.info["error"]))
-        if result.done:
-            done, stop = True, "done"
-            break
-    return Episode(steps, float(env.evaluate()), done, stop, errors)
-
-
 def _calls(steps: list[Step]) -> list[dict[str, Any]]:
     return [{"function": s.function, "arguments": s.arguments} for s in steps if s.kind == "api"]
 
@@ -268,9 +243,9 @@ class TutorialReplay(GenerationMethod):
 
     def _candidates_for(self, platform: str) -> list[Task]:
         if platform not in self._candidates:
-            with self._env(platform) as env:
-                self._tools[platform] = env.tools()
-                self._candidates[platform] = env.generate_tasks(self.config.candidate_tasks, seed=self.config.seed)
+            env = self._env(platform)
+            self._tools[platform] = env.tools()
+            self._candidates[platform] = env.generate_tasks(self.config.candidate_tasks, seed=self.config.seed)
         return self._candidates[platform]
 
     def _stub(self, task: TaskSpec, **details: Any) -> Trajectory:
@@ -376,8 +351,9 @@ class TutorialReplay(GenerationMethod):
         for k in range(self.config.replays):
             # A replay index beyond the first varies the prompt, so cached samples are not repeated.
             g = guidance if k == 0 else f"{guidance}\n(Attempt {k + 1}.)"
-            with self._env(platform) as env:
-                episode = await play_episode(env, policy, env_task, max_steps=self.config.max_steps, guidance=g)
+            async with self._env(platform) as env:
+                episode = await play_episode(env, policy, env_task, max_steps=self.config.max_steps, guidance=g,
+                                             max_parse_failures=1)
             await self._judge_and_keep(task, k, platform, tools, env_task, spec, episode, base, result)
         return result
 
@@ -394,13 +370,13 @@ class TutorialReplay(GenerationMethod):
             details={
                 "tutorial": {"id": task.id, "title": task.payload["title"]}, **base,
                 "env_reward": episode.reward, "env_verifiable": env_verifiable, "episode_done": episode.done,
-                "stop_reason": episode.stop_reason, "action_errors": episode.errors, "calls": _calls(episode.steps),
+                "stop_reason": episode.stop_reason, "action_errors": episode.action_errors, "calls": _calls(episode.steps),
             },
         )
         transcript = render_transcript(episode.steps)
         if len(transcript) > self.config.max_transcript_chars:
             transcript = "[...]\n" + transcript[-self.config.max_transcript_chars:]
-        verdict = await self.llm.structured(
+        verdict = await self.judge_llm.structured(
             [{"role": "system", "content": JUDGE_SYSTEM},
              {"role": "user", "content": JUDGE_USER.format(instruction=env_task.instruction, goal=spec.goal,
                                                            expected_outcome=spec.expected_outcome, transcript=transcript)}],

@@ -33,7 +33,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
 import orjson
 from pydantic import BaseModel, Field, model_validator
@@ -41,14 +41,13 @@ from pydantic import BaseModel, Field, model_validator
 from backends.errors import LLMRequestError
 from envs.base import Environment, Task
 from envs.simulated.env import SimulationError
-from generators._episode import EnvMaker, Episode, close_env, play_episode
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators._episode import Episode, play_episode
+from generators.base import MAX_TASKS, TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from generators.rollout import ATTEMPT
 from generators.transcript import render_transcript, tools_block
 from schemas.models import ApiAction, Step, TextObservation, Trajectory, WebObservation
-from schemas.store import Dataset
 
 PROPOSE_SYSTEM = (
     "You write tasks for training web agents. From the pages of a web site that an explorer saw, propose "
@@ -109,19 +108,17 @@ class Variants(BaseModel):
     variants: list[Variant]
 
 
-class UISimulatorConfig(MethodConfig):
+class UISimulatorConfig(EnvMethodConfig):
     method: Literal["ui_simulator"] = "ui_simulator"
+    requires: ClassVar[frozenset[str]] = frozenset({"pages"})
     env: str = Field("web", description="web, or simulated with env_config.mode = web")
-    env_config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
-    rounds: int = Field(2, ge=1, description="proposal rounds (the method's tasks)")
-    tasks_per_round: int = Field(3, ge=1, description="tasks proposed per round")
+    rounds: int = Field(2, ge=1, le=MAX_TASKS, description="proposal rounds (the method's tasks)")
+    tasks_per_round: int = Field(3, ge=1, le=MAX_TASKS, description="tasks proposed per round")
     walk_steps: int = Field(2, ge=0, description="random clicks before proposing")
     attempts: int = Field(2, ge=1, description="rollouts per proposed task")
     max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")
     max_steps: int = Field(12, ge=1)
     max_parse_failures: int = Field(2, ge=1)
-    agent_mode: Literal["tools", "text"] = "tools"
-    agent_temperature: float | None = None
     rewrite: bool = Field(True, description="relabel kept trajectories with what they actually did")
     keep_failed: bool = False
     grow: bool = False
@@ -196,7 +193,7 @@ def random_click(page: Step, tools: list[Any], rng: random.Random) -> ApiAction 
 
 
 @register_method
-class UISimulator(GenerationMethod):
+class UISimulator(EnvMethod):
     """UI-Simulator(-Grow): explore, propose tasks, roll out, judge, relabel, grow variants in the difficulty band."""
 
     name = "ui_simulator"
@@ -204,23 +201,11 @@ class UISimulator(GenerationMethod):
     templates = (PROPOSE_SYSTEM, PROPOSE_USER, JUDGE_SYSTEM, JUDGE_USER, REWRITE_SYSTEM, REWRITE_USER,
                  VARIANT_SYSTEM, VARIANT_USER, ATTEMPT)
     config: UISimulatorConfig
-
-    def __init__(self, config: UISimulatorConfig, llm: Any):
-        super().__init__(config, llm)
-        self.make_env = EnvMaker(config.env, config.env_config, llm)
+    uses_task_source = False
 
     def tasks(self) -> Iterable[TaskSpec]:
         for r in range(self.config.rounds):
             yield TaskSpec(id=f"round-{r:04d}", payload={"round": r})
-
-    def prepare(self, output: Dataset) -> None:
-        self.make_env.output = Path(output.path)
-
-    async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
-        try:
-            return await super().run(tasks, output, progress=progress)
-        finally:
-            await self.make_env.aclose()
 
     # ---- the round ----------------------------------------------------------------------------
 
@@ -244,24 +229,21 @@ class UISimulator(GenerationMethod):
                                        "metadata": {}})
 
     async def _round(self, spec: TaskSpec, r: int, result: TaskResult) -> None:
-        env = self.make_env()
-        try:
+        tools = self.tools
+        async with self.make_env() as env:
             base = self._base_task(env, r)
-            tools = env.tools()
-            pages = [await env.areset(base)]
+            pages: list[Step] = [s for s in await env.reset(base) if isinstance(s, WebObservation)]
             rng = random.Random(f"ui-simulator-walk-{self.config.seed}-{r}")
             for _ in range(self.config.walk_steps):
-                action = random_click(pages[-1], tools, rng)
+                action = random_click(pages[-1], tools, rng) if pages else None
                 if action is None:
                     break
-                step = await env.astep(action)
+                step = await env.step(action)
                 if step.info.get("error") or not isinstance(step.observation, WebObservation):
                     continue
                 pages.append(step.observation)
                 if step.done:
                     break
-        finally:
-            await close_env(env)
         shown = "\n\n".join(f"Page {i}: {p.url or ''}\n{(p.axtree or p.html or '')[: self.config.max_page_chars]}"
                             for i, p in enumerate(pages, 1) if isinstance(p, WebObservation))
         proposals = await self.llm.structured(
@@ -295,19 +277,16 @@ class UISimulator(GenerationMethod):
             task = node.task
             if a > 0 and cfg.env == "simulated":
                 task = task.model_copy(update={"params": {**task.params, "sample": a}})
-            env = self.make_env()
-            try:
-                policy = AgentPolicy(self.llm, tools, mode=cfg.agent_mode, temperature=cfg.agent_temperature)
-                episode = await play_episode(env, policy, task, max_steps=cfg.max_steps, score=False,
+            async with self.make_env() as env:
+                episode = await play_episode(env, self.policy(), task, max_steps=cfg.max_steps, evaluate=False,
                                              max_parse_failures=cfg.max_parse_failures,
                                              guidance=ATTEMPT.format(n=a + 1) if a > 0 else None)
-            finally:
-                await close_env(env)
             node.tried += 1
             result.counts["attempts"] += 1
             result.counts["parse_failures"] += episode.parse_failures
             trajectory = self._trajectory(node, a, episode, tools, r, walk)
-            verdict = None if episode.failed else await self._judge(node, episode)
+            failed = episode.stop_reason == "max_parse_failures"
+            verdict = None if failed else await self._judge(node, episode)
             if verdict is not None:
                 trajectory.details["judge"] = verdict.model_dump()
             if verdict is not None and verdict.success:
@@ -317,7 +296,7 @@ class UISimulator(GenerationMethod):
                 await self._relabel(trajectory, result)
                 result.trajectories.append(trajectory)
                 continue
-            if episode.failed:
+            if failed:
                 reason = f"max_parse_failures: {episode.parse_failures} unreadable answers"
             elif verdict is None:
                 reason = "no verdict: no valid judge answer"
@@ -340,7 +319,7 @@ class UISimulator(GenerationMethod):
         return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
     async def _judge(self, node: _Node, episode: Episode) -> Verdict | None:
-        return await self.llm.structured(
+        return await self.judge_llm.structured(
             [{"role": "system", "content": JUDGE_SYSTEM},
              {"role": "user", "content": JUDGE_USER.format(instruction=node.task.instruction, expected=node.expected,
                                                            transcript=self._transcript(episode.steps))}], Verdict)
@@ -375,7 +354,7 @@ class UISimulator(GenerationMethod):
             provenance=self.provenance(node.task.id, parents=parents, seed=a).model_copy(
                 update={"source_id": node.task.id}),
             details={
-                "env": self.make_env.describe(),
+                "env": self.envs.describe(),
                 "round": r,
                 "walk": walk,
                 "task": {"id": node.task.id, "expected_outcome": node.expected, "depth": node.depth,

@@ -33,7 +33,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from filters.chain import DEFAULT_CONCURRENCY, Chain, Outcome, config_digest, load_config
 from schemas.arrow import trajectory_from_row
 from schemas.models import FilterDecision, Filtered, Quarantined
-from schemas.store import DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset, StoreError
+from schemas.store import DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset, StoreError, check_apart
 
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 DEFAULT_BATCH = 256
@@ -221,7 +221,8 @@ def run_filter(
     specs = load_config(config)
     Chain(specs)  # fail fast on a bad config, before any Beam work
     source = Dataset.open(input_dir)
-    shards = source.shard_files("trajectories")
+    check_apart(output, [input_dir])
+    shards = source.checked_shard_files("trajectories")
     key = f"filter\0{config_digest(specs)}\0{source.path.resolve()}\0{trajforge_version()}"
     ds = Dataset.create(output, stage="filter", config_hash=hashlib.sha256(key.encode()).hexdigest(),
                         overwrite=overwrite)

@@ -70,6 +70,8 @@ def preview(trajectory: Any, fmt: str, *, tokenizer: Any = None, max_length: int
                          sft_layout, kto_mode, dpo_level, chat)  # type: ignore[arg-type]
     if spec.supervised and record.success is False and not include_failed:
         return Preview(fmt, [], FAILED)
+    if fmt == "tokenized" and chat is None:
+        return Preview(fmt, [], "tokenized needs a tokenizer")
     try:
         rows = _rows(spec, opts, record, pair, rejected)
     except Unrenderable as exc:

@@ -23,6 +23,9 @@ from converters.export.render import ACTION_KINDS, Conversation, RenderOptions, 
 from converters.export.tools import specs_of, tool_keys, tools_columns
 from schemas.arrow import PAIR_SCHEMA, TRAJECTORY_SCHEMA, pair_to_row, trajectory_to_row
 
+_KINDS = pa.array(["api", "code", "message", "text", "json", "image", "web"])
+_ORIGINS = pa.array(["user", "agent", "environment"])
+_LABELS = pa.array(["good", "bad", "unknown"])
 # The trajectory columns the exporter reads.
 COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance"]
 
@@ -162,6 +165,44 @@ class Batch:
         if field not in self._steps_py:
             self._steps_py[field] = self.values.field(field).to_pylist()
         return self._steps_py[field]
+
+    def first_problem(self) -> tuple[str | None, str] | None:
+        """(record id, what is wrong) for the first record the models would refuse in a way the
+        export depends on, else None. Shards written through the models never have one; rows
+        written raw (`write_row`) or by other tools can."""
+        valid = pa.array(self.valid)
+        for column in ("id", "source"):
+            empty = pc.and_(valid, pc.fill_null(pc.equal(pc.utf8_length(self.rows.field(column)), 0), True))
+            if pc.any(empty).as_py():
+                r = int(np.flatnonzero(empty.to_numpy(zero_copy_only=False))[0])
+                return self.rows.field("id")[r].as_py(), f"{column}: empty"
+        v, kind = self.values, self.values.field("kind")
+        checks = [
+            (pc.invert(pc.is_in(kind, _KINDS)), "kind: not one of " + ", ".join(_KINDS.to_pylist())),
+            (pc.and_(pc.equal(kind, "api"), pc.fill_null(pc.equal(pc.utf8_length(v.field("function")), 0), True)),
+             "function: missing"),
+            (pc.and_(pc.equal(kind, "api"), pc.invert(pc.fill_null(pc.and_(
+                pc.starts_with(pc.utf8_trim_whitespace(v.field("arguments")), "{"),
+                pc.ends_with(pc.utf8_trim_whitespace(v.field("arguments")), "}")), False))),
+             "arguments: not a JSON object"),
+            (pc.and_(pc.is_in(kind, pa.array(["code", "message", "text", "json"])), pc.is_null(v.field("content"))),
+             "content: missing"),
+            (pc.and_(pc.equal(kind, "code"), pc.is_null(v.field("language"))), "language: missing"),
+            (pc.and_(pc.is_in(kind, pa.array(["text", "json"])),
+                     pc.invert(pc.fill_null(pc.is_in(v.field("source"), _ORIGINS), False))), "source: not one of "
+             + ", ".join(_ORIGINS.to_pylist())),
+            (pc.and_(pc.equal(kind, "image"), pc.is_null(pc.struct_field(v.field("image"), ["path"]))),
+             "image: no path"),
+            (pc.invert(pc.fill_null(pc.is_in(v.field("label"), _LABELS), True)), "label: not one of "
+             + ", ".join(_LABELS.to_pylist())),
+        ]
+        for bad, problem in checks:
+            bad = pc.fill_null(bad, True).to_numpy(zero_copy_only=False)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                r = int(self.owner[i])
+                return self.rows.field("id")[r].as_py(), f"steps[{i - int(self.offsets[r])}].{problem}"
+        return None
 
     def action_labels(self, exported: np.ndarray) -> dict[str, int]:
         """Labels of the action steps of the trajectories flagged in `exported`."""

@@ -44,7 +44,7 @@ A trajectory with no assistant turn cannot be rendered: `Unrenderable` carries t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -504,6 +504,7 @@ class Turn:
     first_step: int
     last_step: int
     train: bool = True
+    steps: list[int] = field(default_factory=list)  # the steps it came from (the hoisted system text's too)
 
     @property
     def role(self) -> str:
@@ -545,14 +546,15 @@ def render(traj: Any, opts: RenderOptions = RenderOptions(), *, require_assistan
         raise Unrenderable("empty trajectory")
     turns: list[Turn] = []
     system: list[str] = []
+    system_steps: list[int] = []
     pending: list[tuple[str, int]] = []  # calls awaiting an answer: (call id, step)
     seen_action = False
 
     def assistant(i: int, message: dict[str, Any], train: bool) -> None:
         for call_id, step in pending:  # every call is answered before the next assistant message
-            turns.append(Turn({"role": "tool", "content": "", "tool_call_id": call_id}, step, step))
+            turns.append(Turn({"role": "tool", "content": "", "tool_call_id": call_id}, step, step, steps=[step]))
         pending.clear()
-        turns.append(Turn(message, i, i, train))
+        turns.append(Turn(message, i, i, train, [i]))
 
     for i, step in enumerate(traj.steps):
         kind = step.kind
@@ -571,6 +573,7 @@ def render(traj: Any, opts: RenderOptions = RenderOptions(), *, require_assistan
                     if reasoning or last.message.get("reasoning_content"):
                         last.message["reasoning_content"] = _joined(last.message.get("reasoning_content"), reasoning)
                     last.last_step = i
+                    last.steps.append(i)
                 else:
                     message = {"role": "assistant", "content": step.thought or "", "tool_calls": [call]}
                     if reasoning:
@@ -589,13 +592,16 @@ def render(traj: Any, opts: RenderOptions = RenderOptions(), *, require_assistan
         elif pending:
             match = next((p for p in pending if p[0] == step.tool_call_id), None) if step.tool_call_id else None
             call_id = pending.pop(pending.index(match) if match else 0)[0]
-            turns.append(Turn({"role": "tool", "content": _observation_text(step, opts), "tool_call_id": call_id}, i, i))
+            turns.append(Turn({"role": "tool", "content": _observation_text(step, opts), "tool_call_id": call_id}, i, i,
+                              steps=[i]))
         elif not seen_action and kind == "text" and (step.name == "system" or step.source == "environment"):
             system.append(step.content)
+            system_steps.append(i)
         else:
-            turns.append(Turn({"role": "user", "content": _observation_text(step, opts)}, i, i))
+            turns.append(Turn({"role": "user", "content": _observation_text(step, opts)}, i, i, steps=[i]))
     if system:
-        turns.insert(0, Turn({"role": "system", "content": "\n\n".join(system)}, SYSTEM_STEP, SYSTEM_STEP))
+        turns.insert(0, Turn({"role": "system", "content": "\n\n".join(system)}, SYSTEM_STEP, SYSTEM_STEP,
+                             steps=system_steps))
     if require_assistant and not any(t.is_assistant for t in turns):
         raise Unrenderable("no assistant turn")
     return turns

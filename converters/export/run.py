@@ -217,9 +217,17 @@ def _read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
         thread.join()
 
 
+def _checked(batch: Batch, ds: Dataset) -> Batch:
+    problem = batch.first_problem()
+    if problem is not None:
+        raise ExportError(f"{ds.path}: record {problem[0]!r} fails validation ({problem[1]}); "
+                          f"`trajforge validate {ds.path}` lists every problem")
+    return batch
+
+
 def _trajectory_inputs(fmt: Format, ds: Dataset) -> Iterator[Inputs]:
     for arrow_batch in _read_ahead(ds.iter_batches("trajectories", columns=COLUMNS, batch_size=BATCH_ROWS)):
-        batch = Batch(arrow_batch)
+        batch = _checked(Batch(arrow_batch), ds)
         makers: list[Any] = [None] * len(batch)
         if fmt.rows is not None:
             rows = fmt.rows
@@ -233,7 +241,8 @@ def _pair_inputs(fmt: Format, ds: Dataset, cfg: ExportConfig) -> Iterator[Inputs
     assert fmt.rows is not None
     rows = fmt.rows
     for arrow_batch in joined:
-        chosen, rejected = Batch(arrow_batch.column("chosen")), Batch(arrow_batch.column("rejected"))
+        chosen = _checked(Batch(arrow_batch.column("chosen")), ds)
+        rejected = _checked(Batch(arrow_batch.column("rejected")), ds)
         pairs = pair_refs(arrow_batch.column("pair"))
         reasons: list[str | None] = []
         makers: list[Any] = []

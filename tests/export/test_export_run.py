@@ -205,11 +205,17 @@ def test_cli_export_summary_and_one_line_errors(hand_dataset, tmp_path):
                                  "--shard-rows", "2", "--seed", "3"])
     assert result.exit_code == 0, result.output
     assert "records in" in result.output and "no success label" in result.output
+    assert "README.md (section Training)" in result.output
     assert len(list((tmp_path / "k" / "data").glob("train-*.parquet"))) == 5  # 10 rows
     for args, message in [
         ([str(tmp_path / "nope"), "--format", "trl-sft"], "no such dataset directory"),
         ([str(hand_dataset), "--format", "alpaca"], "unknown format"),
         ([str(hand_dataset), "--format", "trl-sft", "--mix", "a=b"], "not a number"),
+        ([str(hand_dataset), "--format", "tokenized"], "needs --tokenizer PATH"),
+        ([str(hand_dataset), "--format", "trl-sft", "--tokenizer", "x"], "apply to --format tokenized only"),
+        ([str(hand_dataset), "--format", "tokenized", "--tokenizer", str(tmp_path / "none")], "cannot load tokenizer"),
+        ([str(hand_dataset), "--format", "trl-dpo", "--dpo-level", "pair"], "unknown DPO level"),
+        ([str(hand_dataset), "--format", "trl-sft", "--sft-layout", "auto"], "unknown SFT layout"),
     ]:
         result = runner.invoke(app, ["export", *args, "--output", str(tmp_path / "x")])
         assert result.exit_code == 1

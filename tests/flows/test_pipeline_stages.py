@@ -21,7 +21,7 @@ def _config(tmp, base_url):
                 "max_retries": 0, "request_timeout_s": 5},
         "convert": [{"name": "adp", "source": "adp", "inputs": [str(p) for p in ADP_FILES]}],
         "generate": [{"name": "mcts", "method": "mcts_splice", "agent": "scripted", "env": "retail",
-                      "env_config": {"seed": 0}, "num_tasks": 2, "verifier": "rules", "revision": "template",
+                      "env_config": {"seed": 0}, "tasks": {"n": 2}, "verifier": "rules", "revision": "template",
                       "search": {"iterations": 2, "generations": 3, "max_depth": 4}}],
         "filter": {"chain": [{"name": "well_formed"}, {"name": "final_answer"}]},
         "dedup": {"threshold": 0.8},

@@ -24,7 +24,7 @@ def _evolve_prompts(llm: ScriptedRetailLLM) -> list[str]:
 
 
 def test_next_round_evolves_the_mixed_tasks_by_reward_variance(tmp_path):
-    cfg = CurriculumConfig(num_tasks=6, candidates=16, generations=1, select=2)
+    cfg = CurriculumConfig(tasks={"n": 6}, candidates=16, generations=1, select=2)
     seeds = list(Curriculum(cfg, None).seed_tasks().values())
     t = [s.id for s in seeds]
     # Scripted outcomes over 4 rollouts: t1, t4 always solved; t2, t5 never; t3 solved 2 of 4 (variance
@@ -62,7 +62,7 @@ def test_next_round_evolves_the_mixed_tasks_by_reward_variance(tmp_path):
 
 def test_evolution_maps_to_env_tasks_and_keeps_only_in_band(tmp_path):
     env = RetailEnv(0)
-    cfg = CurriculumConfig(num_tasks=1, candidates=16, generations=1)
+    cfg = CurriculumConfig(tasks={"n": 1}, candidates=16, generations=1)
     method = Curriculum(cfg, None)  # tasks only
     tasks = list(method.seed_tasks().values()) + method.pool()
     llm = ScriptedRetailLLM(tasks)
@@ -81,4 +81,4 @@ def test_evolution_maps_to_env_tasks_and_keeps_only_in_band(tmp_path):
     sizes = {f.record.details["task"]["metadata"]["direction"]: len(f.record.details["task"]["goal"]["actions"]) for f in rejected}
     assert sizes["easier"] < len(seed.goal["actions"]) < sizes["harder"]
     assert nearest_task("cancel my order", seed, method.pool(), "harder") is not None
-    env.close()
+    asyncio.run(env.close())

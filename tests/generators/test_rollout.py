@@ -22,8 +22,7 @@ BROKEN = '<tool_call>{"name": "get_order_details", "arguments": {broken</tool_ca
 
 
 def _retail_tasks(n: int) -> list:
-    with make_env("retail", seed=0) as env:
-        return env.generate_tasks(n, seed=0)
+    return make_env("retail", seed=0).generate_tasks(n, seed=0)
 
 
 def _first_user(body: dict) -> str:
@@ -66,7 +65,7 @@ def _llm(base_url: str) -> dict:
 
 
 def _config(base_url: str, **extra) -> dict:
-    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "n_tasks": 5, "max_steps": 6,
+    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": 5}, "max_steps": 6,
             "max_parse_failures": 2, "concurrency": 3, "unit_tasks": 2, "llm": _llm(base_url), **extra}
 
 
@@ -148,7 +147,7 @@ def test_rollout_in_simulated_env_from_a_tasks_file(tmp_path):
         return None
 
     config = _config("", env="simulated", env_config={"tools": [weather], "policy": "Be accurate."},
-                     tasks_file=str(tasks_file))
+                     tasks={"source": "jsonl", "path": str(tasks_file)})
     with FakeServer(rules=[Rule(fn=answer)]) as server:
         config["llm"] = _llm(server.base_url)
         summary = asyncio.run(generate(load_config(config), tmp_path / "out"))
@@ -156,13 +155,13 @@ def test_rollout_in_simulated_env_from_a_tasks_file(tmp_path):
     assert summary.processed == 1 and t.reward == 1.0 and t.success
     assert [s.kind for s in t.steps] == ["text", "api", "text", "message", "text"]
     assert t.steps[2].content == '{"temp_c": 21, "sky": "sunny"}' and t.steps[2].tool_call_id == t.steps[1].tool_call_id
-    assert t.steps[4].source == "user" and t.details["judge"]["reasoning"] == "The agent reported the weather."
+    assert t.steps[4].source == "user" and t.details["evaluation"]["reason"] == "The agent reported the weather."
     assert t.details["env"]["name"] == "simulated" and "tools_sha256" in t.details["env"]["config"]
 
 
 def test_cli_generate_rollout_and_example_config(tmp_path):
     example = yaml.safe_load((REPO / "configs" / "rollout_retail.yaml").read_text())
-    assert load_config(example).n_tasks == 2 and example["llm"]["backend"] == "llamacpp"
+    assert load_config(example).tasks.n == 2 and example["llm"]["backend"] == "llamacpp"
     tasks = _retail_tasks(2)
     with FakeServer(rules=[Rule(fn=RetailScript(tasks))]) as server:
         cfg = {**example, "llm": _llm(server.base_url)}

@@ -50,8 +50,7 @@ class Script:
     """Answers every request the pipeline makes: classifier, spec, agent turns, judge."""
 
     def __init__(self) -> None:
-        with make_env("retail", seed=0) as env:
-            self.tasks = {t.instruction: t for t in env.generate_tasks(28, seed=0)}
+        self.tasks = {t.instruction: t for t in make_env("retail", seed=0).generate_tasks(28, seed=0)}
 
     def __call__(self, body: dict):
         first = _first_user(body)
