@@ -46,7 +46,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory, adp_dir: Path) -> dict[str, A
     adp = _data.adp_trajectories(adp_dir)
     tasks = _retail_tasks(4)
     with FakeServer(rules=[Rule(fn=RetailScript(tasks))]) as server:
-        cfg = load_config(_config(server.base_url, n_tasks=4, keep_failed=True, concurrency=2))
+        cfg = load_config(_config(server.base_url, tasks={"n": 4}, keep_failed=True, concurrency=2))
         asyncio.run(generate(cfg, root / "rollout"))
     rollouts = list(Dataset.open(root / "rollout").iter_records())
     assert any(not s.train for t in rollouts for s in t.steps) and any(t.success is False for t in rollouts)
