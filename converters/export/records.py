@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from converters.export.render import ACTION_KINDS, Conversation, RenderOptions, Rendered, render_batch
+from converters.export.render import ACTION_KINDS, KINDS, Conversation, RenderOptions, Rendered, render_batch
 from converters.export.tools import specs_of, tool_keys, tools_columns
 from schemas.arrow import PAIR_SCHEMA, TRAJECTORY_SCHEMA, pair_to_row, trajectory_to_row
 
-_KINDS = pa.array(["api", "code", "message", "text", "json", "image", "web"])
+_KINDS = pa.array(KINDS)
 _ORIGINS = pa.array(["user", "agent", "environment"])
 _LABELS = pa.array(["good", "bad", "unknown"])
 # The trajectory columns the exporter reads.

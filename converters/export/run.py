@@ -442,6 +442,9 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
             if progress is not None:
                 progress(len(inputs.ids))
         report.files = writer.close()
+    except TokenizerError as exc:  # the chat template cannot give exact masks: for any record
+        writer.abort()
+        raise ExportError(f"{cfg.tokenizer}: {exc}") from None
     except BaseException:
         writer.abort()
         raise

@@ -68,11 +68,13 @@ class ChatTokenizer:
         self.name = name or getattr(tokenizer, "name_or_path", "") or "tokenizer"
         own = tokenizer.get_chat_template()
         self.template: str | None = None  # None: the tokenizer's own
+        self.uses_markers = True
         if has_generation_markers(own):
             self.method = "the tokenizer's chat template (generation markers)"
         elif (trained := _trl_training_template(tokenizer)) is not None:
             self.template, self.method = trained
         else:
+            self.uses_markers = False
             self.method = "the tokenizer's chat template (message spans by prefix rendering)"
 
     @classmethod
@@ -87,10 +89,6 @@ class ChatTokenizer:
         except (OSError, ValueError) as exc:
             raise TokenizerError(f"cannot load tokenizer {spec}: {str(exc).splitlines()[0]}") from None
         return cls(tokenizer, max_length, name=str(spec))
-
-    @property
-    def uses_markers(self) -> bool:
-        return self.template is not None or "generation markers" in self.method
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 add_generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:

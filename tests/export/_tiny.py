@@ -43,12 +43,13 @@ def texts(value: Any) -> Iterator[str]:
             yield from texts(v)
 
 
-def tokenizer_dir(path: Path, template_name: str, corpus: list[str]) -> Path:
-    """Train a byte-level BPE on `corpus`, give it TRL's `template_name`, save it as a tokenizer directory."""
+def tokenizer_dir(path: Path, template_name: str, corpus: list[str], chat: str | None = None) -> Path:
+    """Train a byte-level BPE on `corpus`, give it TRL's `template_name` (or the template text
+    `chat`), save it as a tokenizer directory."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    chat = template(template_name)
+    chat = chat or template(template_name)
     special = sorted(set(_SPECIAL.findall(chat)) | {"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
