@@ -325,24 +325,25 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
         return
     rows_per = np.bincount(owner, minlength=n) * copies_of
     first = inputs.behind[0]
-    table = pa.table({"source": pa.array(inputs.sources, pa.string()), "rows": rows_per, "steps": first.lengths,
-                      "method": first.column("method"), "dataset": first.column("source_dataset"),
-                      "model": first.column("model")}).filter(pa.array(exported))
-    by_source = table.group_by("source", use_threads=False).aggregate(
-        [("rows", "sum"), ("rows", "count"), ("steps", "sum"), ("steps", "min"), ("steps", "max")])
-    for g in by_source.to_pylist():
-        source, count = g["source"], g["rows_count"]
-        report.records_by_source[source] += count
-        report.rows_by_source[source] += g["rows_sum"]
+    sources = pa.array(inputs.sources, pa.string()).filter(pa.array(exported)).dictionary_encode()
+    group, names = sources.indices.to_numpy(), sources.dictionary.to_pylist()
+    steps, rows = first.lengths[exported], rows_per[exported]
+    counts = np.bincount(group, minlength=len(names))
+    lows, highs = np.full(len(names), np.iinfo(np.int64).max), np.zeros(len(names), dtype=np.int64)
+    np.minimum.at(lows, group, steps)
+    np.maximum.at(highs, group, steps)
+    for g, source in enumerate(names):
+        report.records_by_source[source] += int(counts[g])
+        report.rows_by_source[source] += int(rows[group == g].sum())
         stats = report.steps_by_source.setdefault(source, RunningStats())
-        stats.count += count
-        stats.total += g["steps_sum"]
-        stats.min = g["steps_min"] if stats.min is None else min(stats.min, g["steps_min"])
-        stats.max = g["steps_max"] if stats.max is None else max(stats.max, g["steps_max"])
-    provenance = pa.table({k: pc.fill_null(table.column(k), "-") for k in ("method", "dataset", "model")})
-    for g in provenance.group_by(["method", "dataset", "model"], use_threads=False).aggregate(
-            [([], "count_all")]).to_pylist():
-        report.provenance[(g["method"], g["dataset"], g["model"])] += g["count_all"]
+        stats.count += int(counts[g])
+        stats.total += int(steps[group == g].sum())
+        stats.min = int(lows[g]) if stats.min is None else min(stats.min, int(lows[g]))
+        stats.max = int(highs[g]) if stats.max is None else max(stats.max, int(highs[g]))
+    keys = pc.binary_join_element_wise(*(pc.fill_null(first.column(c), "-").filter(pa.array(exported))
+                                         for c in ("method", "source_dataset", "model")), "\x00").value_counts()
+    for key, k in zip(keys.field("values").to_pylist(), keys.field("counts").to_pylist()):
+        report.provenance[tuple(key.split("\x00"))] += k  # type: ignore[index]
     for batch in inputs.behind:
         report.steps.update({int(k): int(v) for k, v in zip(*np.unique(batch.lengths[exported], return_counts=True))})
         rewards = pc.value_counts(pc.round(batch.column("reward").filter(pa.array(exported)).drop_null(), 2))
