@@ -205,12 +205,6 @@ class Conversation:
         assert other.r is self.r
         return Conversation(self.r, [*self.idx, *other.idx])
 
-    def role(self, k: int) -> str:
-        return ROLES[self.r.py("role")[self.idx[k]]]
-
-    def is_assistant(self, k: int) -> bool:
-        return self.r.py("role")[self.idx[k]] == ASSISTANT
-
     def train(self, k: int) -> bool:
         """Whether message k is a trainable assistant message."""
         return self.r.py("train")[self.idx[k]] == 1

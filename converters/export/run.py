@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
