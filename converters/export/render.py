@@ -242,6 +242,8 @@ def _np(array: pa.Array, fill: Any) -> np.ndarray:
 
 
 def _with_thought(thought: pa.Array, text: pa.Array) -> pa.Array:
+    if thought.null_count == len(thought):
+        return text
     has = pc.fill_null(pc.not_equal(thought, ""), False)
     return pc.if_else(has, pc.binary_join_element_wise(thought, "\n\n", text, ""), text)
 
@@ -294,7 +296,8 @@ class _Pool:
 def _join_groups(parts: pa.Array, part_group: np.ndarray, order: np.ndarray) -> pa.Array:
     """Per group (in sorted group order), its non-empty parts joined with blank lines ("" when
     none); parts are taken in `order`, which sorts them by group, stably."""
-    uniques, index = np.unique(part_group, return_inverse=True)
+    uniques = part_group[order][np.r_[True, np.diff(part_group[order]) != 0]]
+    index = np.searchsorted(uniques, part_group)
     n_groups = len(uniques)
     parts = parts.take(pa.array(order))
     keep = pc.fill_null(pc.not_equal(parts, ""), False)
@@ -417,9 +420,10 @@ def render_batch(steps: pa.ListArray | pa.ChunkedArray, opts: RenderOptions,
         parts = np.concatenate([opener_idx[groups], merged])
         content_src[pos] = texts.add(_join_groups(texts.take(src[parts]), part_group, order_parts)) + \
             np.arange(len(groups))
-        joined = _join_groups(reasonings.take(parts), part_group, order_parts)
-        reasoning_src[pos] = reasonings.add(pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)) + \
-            np.arange(len(groups))
+        if opts.reasoning and f["reasoning"].null_count < n:
+            joined = _join_groups(reasonings.take(parts), part_group, order_parts)
+            reasoning_src[pos] = reasonings.add(pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()),
+                                                           joined)) + np.arange(len(groups))
         last_merged = np.zeros(n_groups, dtype=np.int64)
         last_merged[group[merged]] = s[merged]  # later steps overwrite earlier ones
         last[pos] = last_merged[groups]
