@@ -91,7 +91,7 @@ def export_rows(name: str, payload: dict[str, Any]) -> list[Figure]:
     for r in rows:
         n = f"{r['records']:,}"
         out.append(Figure(name, f"trl-sft export, {n} records", r["export_records_per_s"], "records/s",
-                          r["pyarrow_records_per_s"], "bare pyarrow read"))
+                          r["pyarrow_records_per_s"], "bare pyarrow read", r.get("target", ""), r.get("passed")))
         out.append(Figure(name, f"peak RSS, {n} records", r["export_peak_rss_mb"], "MiB",
                           r["pyarrow_peak_rss_mb"], "bare pyarrow read"))
     if len(rows) > 1:

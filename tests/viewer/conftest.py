@@ -17,10 +17,11 @@ from tests.viewer import _data
 
 REPO = Path(__file__).resolve().parents[2]
 # Chat template with generation markers: assistant turns are what `return_assistant_tokens_mask` marks.
+# Tool-call arguments are mappings in the exports (as chat templates expect): printed with `tojson`.
 CHAT_TEMPLATE = (
     "{%- for m in messages %}<|{{ m.role }}|>{% if m.role == 'assistant' %}{% generation %}"
     "{% if m.content %}{{ m.content }}{% endif %}{% if m.tool_calls %}{% for c in m.tool_calls %}<|call|>"
-    "{{ c.function.name }} {{ c.function.arguments }}{% endfor %}{% endif %}<|end|>{% endgeneration %}"
+    "{{ c.function.name }} {{ c.function.arguments | tojson }}{% endfor %}{% endif %}<|end|>{% endgeneration %}"
     "{% else %}{{ m.content }}<|end|>{% endif %}{% endfor %}{%- if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIAL = ["<unk>", "<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|call|>", "<|end|>"]
