@@ -226,6 +226,7 @@ def test_adp_samples_export_in_every_trajectory_format(adp_dataset, tmp_path):
     for fmt in ["trl-sft", "openai", "sharegpt", "trl-kto"]:
         report = export(adp_dataset, tmp_path / fmt, ExportConfig(format=fmt))
         assert report.records_in == report.records_exported + report.skipped_total
-    # One sample (android_in_the_wild) opens with the agent's own message: no prompt to train it from.
+    # Three samples (android_in_the_wild, androidcontrol x2) open with the agent's own message: no prompt
+    # to train it from.
     assert export(adp_dataset, tmp_path / "sft2", ExportConfig(format="trl-sft")).skipped == {
-        "no prompt before the first assistant turn": 1}
+        "no prompt before the first assistant turn": 3}
