@@ -40,9 +40,9 @@ def _others_in_group() -> bool:
                 stat = f.read()
         except OSError:
             continue
-        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses: split after the last ')'.
+        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses: split after the last ")".
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and fields[1] != b"Z" and int(fields[2]) == group:
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == group:  # state, ppid, pgrp
             return True
     return False
 
