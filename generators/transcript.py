@@ -171,7 +171,9 @@ def render_transcript(steps: list[Step]) -> str:
         elif step.kind == "json":
             lines.append(f"TOOL: {orjson.dumps(step.content).decode()}")
         elif step.kind == "web":
-            lines.append(f"TOOL: {step.axtree or step.html or step.url or ''}")
+            page = step.axtree or step.html or ""
+            # Where the page is matters to a reader (a judge, a relabeller) as much as what it shows.
+            lines.append(f"TOOL: page {step.url}\n{page}" if step.url and page else f"TOOL: {page or step.url or ''}")
     return "\n".join(lines)
 
 

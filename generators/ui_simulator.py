@@ -1,14 +1,20 @@
 """UI-Simulator / UI-Simulator-Grow: propose web tasks from what the site shows, roll them out, judge, relabel, grow.
 
-One method task per proposal round (`rounds`; id `round-NNNN`), in the `web` shop or the
-simulated web env (`env: simulated`, `env_config: {mode: web, policy: <site description>}`):
+One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in the browser
+(`env: browser`), in the `web` shop, or in the simulated web env (`env: simulated`,
+`env_config: {mode: web, policy: <site description>}`, optionally seeded with real pages:
+`real_states`):
 
-1. **explore** — reset the env on an exploration task and take a short seeded random walk
-   (`walk_steps` clicks on clickable elements of the accessibility tree; no model call for the
-   agent side), collecting the pages.
-2. **propose** — the model sees the pages and the agent's actions and proposes
-   `tasks_per_round` tasks (structured: `{instruction, expected_outcome}`); no valid answer
-   quarantines the round (stage "propose").
+1. **explore** — reset the env on a page to explore from (`start_urls` in turn; else the task
+   source's tasks; else the env's generator) and take a short seeded random walk (`walk_steps`
+   actions from `generators.page_walk`: clicks, plausible text typed into text boxes, options
+   chosen; no model call), collecting the pages and the actions that led to them. In a real
+   world (anything but the simulated env) the pages of the walk and of every rollout are
+   recorded to the state store `real_states` (JSONL under the output directory), which seeds the
+   simulated web env later (`env_config.real_states`; `envs/simulated/real_states.py`).
+2. **propose** — the model sees the pages (url, how each was reached, accessibility tree) and the
+   agent's actions and proposes `tasks_per_round` tasks (structured: `{instruction,
+   expected_outcome}`); no valid answer quarantines the round (stage "propose").
 3. **rollout** — the agent (`AgentPolicy`) attempts each task up to `attempts` times
    (attempt k > 0 marks its prompt, so each is its own cache entry); a task is **dropped**
    after `max_failures` failed attempts (counted in `dropped_tasks` and per failure reason).
@@ -42,25 +48,28 @@ import logging
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Iterable, Literal
 
 import numpy as np
-import orjson
 from pydantic import BaseModel, Field, model_validator
 
 from backends.base import LLM
 from backends.errors import LLMRequestError
 from backends.scoring import ScoringError, ScoringUnsupported
 from envs.base import Environment, Task
+from envs.pages import describe_action, page_elements
 from envs.simulated.env import SimulationError
+from envs.simulated.real_states import StateStore, states_from_steps
 from generators._episode import Episode, play_episode
 from generators.base import MAX_TASKS, RoleModel, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
+from generators.page_walk import random_action
 from generators.registry import register_method
 from generators.rollout import ATTEMPT
 from generators.student import trajectory_loss
 from generators.transcript import render_transcript, tools_block
-from schemas.models import ApiAction, Step, TextObservation, Trajectory, WebObservation
+from schemas.models import Step, TextObservation, Trajectory, WebObservation
 from schemas.store import Dataset
 
 log = logging.getLogger("trajforge.generators")
@@ -130,7 +139,13 @@ class UISimulatorConfig(EnvMethodConfig):
     env: str = Field("web", description="web, or simulated with env_config.mode = web")
     rounds: int = Field(2, ge=1, le=MAX_TASKS, description="proposal rounds (the method's tasks)")
     tasks_per_round: int = Field(3, ge=1, le=MAX_TASKS, description="tasks proposed per round")
-    walk_steps: int = Field(2, ge=0, description="random clicks before proposing")
+    walk_steps: int = Field(2, ge=0, description="exploring actions (clicks, typing, choices) before proposing")
+    start_urls: list[str] = Field(default_factory=list, description="pages to explore from, one per round in turn "
+                                  "(browser: absolute or relative to env_config.site_dir / base_url; default there: "
+                                  "the site's root); else the task source's tasks, else the env's task generator")
+    real_states: str | None = Field("real_states.jsonl", description="where the pages of a real world (not the "
+                                    "simulated one) are recorded, for seeding the simulated web env (a JSONL path, "
+                                    "relative to the output directory); null: not recorded")
     attempts: int = Field(2, ge=1, description="rollouts per proposed task")
     max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")
     max_steps: int = Field(12, ge=1)
@@ -149,6 +164,16 @@ class UISimulatorConfig(EnvMethodConfig):
 
     @model_validator(mode="after")
     def _band(self) -> UISimulatorConfig:
+        observed = self.env_config.get("observe")
+        if self.env == "browser" and observed is not None and "axtree" not in observed:
+            raise ValueError("ui_simulator explores and proposes from the pages' accessibility trees: keep axtree in "
+                             "env_config.observe")
+        if self.env == "browser" and not self.start_urls and self.tasks.source == "env":
+            if not (self.env_config.get("site_dir") or self.env_config.get("base_url")):
+                raise ValueError("ui_simulator on the browser explores from start_urls (absolute URLs, or paths on "
+                                 "env_config.site_dir / base_url) or from the tasks of a task source (tasks: {source: "
+                                 "sites | miniwob, ...}); give one of them")
+            self.start_urls = ["/"]
         if self.band_low > self.band_high:
             raise ValueError("band_low must be <= band_high")
         if self.grow and self.student.llm is None and self.attempts < 4:
@@ -182,48 +207,6 @@ class _Grown:
     kept: list[Trajectory] = field(default_factory=list)
 
 
-def _elements(axtree: str | None) -> list[dict[str, Any]]:
-    """Elements of an accessibility tree in JSON (flat `elements` lists or nested `children`)."""
-    try:
-        root = orjson.loads(axtree or "")
-    except orjson.JSONDecodeError:
-        return []
-    out: list[dict[str, Any]] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(reversed(node))
-        elif isinstance(node, dict):
-            if "role" in node:
-                out.append(node)
-            for key in ("elements", "children"):
-                if isinstance(node.get(key), list):
-                    stack.append(node[key])
-    return out
-
-
-def random_click(page: Step, tools: list[Any], rng: random.Random) -> ApiAction | None:
-    """A click on a random clickable element of `page`, with the env's click tool; None if there is none."""
-    click = next((t for t in tools if t.name == "click"), None)
-    if click is None or not isinstance(page, WebObservation):
-        return None
-    props = (click.parameters or {}).get("properties", {})
-    required = (click.parameters or {}).get("required") or list(props)
-    if not required:
-        return None
-    arg = required[0]
-    ids = [str(e.get("bid", e.get("id"))) for e in _elements(page.axtree)
-           if (e.get("bid") is not None or e.get("id") is not None)
-           and (e.get("clickable") or e.get("role") in ("link", "button"))]
-    if not ids:
-        return None
-    value: Any = rng.choice(ids)
-    if props.get(arg, {}).get("type") == "integer" and value.isdigit():
-        value = int(value)
-    return ApiAction(function="click", arguments={arg: value}, thought="(exploring)")
-
-
 @register_method
 class UISimulator(EnvMethod):
     """UI-Simulator(-Grow): explore, propose tasks, roll out, judge, relabel, grow variants in the difficulty band."""
@@ -239,6 +222,8 @@ class UISimulator(EnvMethod):
         super().__init__(config, llm)
         self.student: LLM | None = None
         self._warned_fallback = False
+        self.states: StateStore | None = None
+        self._starts: list[Task] | None = None
 
     def tasks(self) -> Iterable[TaskSpec]:
         for r in range(self.config.rounds):
@@ -275,33 +260,66 @@ class UISimulator(EnvMethod):
             result.fail(spec.id, "simulator", f"SimulationError: {exc}", spec.payload)
         return result
 
-    def _base_task(self, env: Environment, r: int) -> Task:
-        """A valid task of the env (for its params, e.g. the catalog seed) to explore from."""
-        try:
-            base = env.generate_tasks(1, seed=self.config.seed + r)[0]
-        except NotImplementedError:
-            base = Task(id="explore", env=env.name, instruction=EXPLORE)
+    def prepare(self, output: Dataset) -> None:
+        super().prepare(output)
+        # A real world's pages are recorded (a simulated one's are the model's own writing).
+        real = not getattr(self.envs.cls, "needs_llm", False)
+        self.states = StateStore(Path(output.path) / self.config.real_states) if real and self.config.real_states else None
+
+    async def setup(self) -> None:
+        await super().setup()
+        if self._starts is None:  # read once, before the rounds: a bad task file stops the run, not each round
+            self._starts = self.envs.tasks() if not self.config.start_urls and self.config.tasks.source != "env" else []
+
+    def _explore_from(self, env: Environment, r: int) -> Task:
+        """The task round `r` explores from (for its start page and params, e.g. the catalog seed): a start
+        URL, else a task of the configured task source, else one of the env's generator."""
+        cfg = self.config
+        if cfg.start_urls:
+            base = Task(id="explore", env=env.name, instruction=EXPLORE,
+                        params={"start_url": cfg.start_urls[r % len(cfg.start_urls)]})
+        elif self._starts:
+            base = self._starts[r % len(self._starts)]
+        else:
+            try:
+                base = env.generate_tasks(1, seed=cfg.seed + r)[0]
+            except NotImplementedError:
+                base = Task(id="explore", env=env.name, instruction=EXPLORE)
         return base.model_copy(update={"id": f"round-{r:04d}/explore", "instruction": EXPLORE, "goal": {},
                                        "metadata": {}})
+
+    def _record(self, steps: list[Step], source: str, task_id: str, result: TaskResult) -> None:
+        """Add the real pages of `steps` to the state store (a real world only)."""
+        if self.states is not None:
+            states = states_from_steps(steps, source=source, env=self.config.env, task_id=task_id)
+            result.counts["real_states"] += self.states.append(states)
 
     async def _round(self, spec: TaskSpec, r: int, result: TaskResult) -> None:
         tools = self.tools
         async with self.make_env() as env:
-            base = self._base_task(env, r)
-            pages: list[Step] = [s for s in await env.reset(base) if isinstance(s, WebObservation)]
+            base = self._explore_from(env, r)
+            opening = await env.reset(base)
+            walked: list[Step] = list(opening)  # the pages and the actions that led to them
+            pages: list[WebObservation] = [s for s in opening if isinstance(s, WebObservation)]
+            how: list[str] = [""] * len(pages)
             rng = random.Random(f"ui-simulator-walk-{self.config.seed}-{r}")
+            tried: set[tuple[str, ...]] = set()
             for _ in range(self.config.walk_steps):
-                action = random_click(pages[-1], tools, rng) if pages else None
+                action = random_action(pages[-1], tools, rng, tried) if pages else None
                 if action is None:
                     break
                 step = await env.step(action)
                 if step.info.get("error") or not isinstance(step.observation, WebObservation):
                     continue
+                how.append(describe_action(action, page_elements(pages[-1].axtree)))
+                walked += [action, step.observation]
                 pages.append(step.observation)
                 if step.done:
                     break
-        shown = "\n\n".join(f"Page {i}: {p.url or ''}\n{(p.axtree or p.html or '')[: self.config.max_page_chars]}"
-                            for i, p in enumerate(pages, 1) if isinstance(p, WebObservation))
+        self._record(walked, "walk", base.id, result)
+        result.counts["explored_pages"] += len(pages)
+        shown = "\n\n".join(_page_block(i, p, done, self.config.max_page_chars)
+                            for i, (p, done) in enumerate(zip(pages, how), 1))
         proposals = await self.llm.structured(
             [{"role": "system", "content": PROPOSE_SYSTEM},
              {"role": "user", "content": PROPOSE_USER.format(round=r, n=self.config.tasks_per_round,
@@ -310,12 +328,11 @@ class UISimulator(EnvMethod):
             result.fail(spec.id, "propose", "no valid task proposals", {"round": r, "pages": len(pages)})
             return
         result.counts["proposed_tasks"] += min(len(proposals.tasks), self.config.tasks_per_round)
-        start = pages[0]
         params = dict(base.params)
-        if self.config.env == "simulated" and isinstance(start, WebObservation):
+        if self.config.env == "simulated" and pages:
             # Every task of the round opens on the page that was explored (no new start page per task).
-            params["start_page"] = {"url": start.url or "", "axtree": start.axtree or ""}
-        walk = [p.url for p in pages if isinstance(p, WebObservation)]
+            params["start_page"] = {"url": pages[0].url or "", "axtree": pages[0].axtree or ""}
+        walk = [p.url for p in pages]
         for j, p in enumerate(proposals.tasks[: self.config.tasks_per_round]):
             task = base.model_copy(update={"id": f"{spec.id}/t{j}", "instruction": p.instruction, "params": params,
                                            "metadata": {"expected_outcome": p.expected_outcome}})
@@ -333,6 +350,7 @@ class UISimulator(EnvMethod):
                 episode = await play_episode(env, self.policy(), task, max_steps=cfg.max_steps, evaluate=False,
                                              max_parse_failures=cfg.max_parse_failures,
                                              guidance=ATTEMPT.format(n=a + 1) if a > 0 else None)
+            self._record(episode.steps, "rollout", task.id, result)
             node.tried += 1
             result.counts["attempts"] += 1
             result.counts["parse_failures"] += episode.parse_failures
@@ -530,6 +548,12 @@ class UISimulator(EnvMethod):
                   grow={"parent": node.task.id, **decision})
             for m, v in enumerate(variants)
         ]
+
+
+def _page_block(i: int, page: WebObservation, reached_by: str, max_chars: int) -> str:
+    """A page for the proposer: `Page i: <url>`, how the walk reached it, its accessibility tree (cut)."""
+    how = f"(reached by: {reached_by})\n" if reached_by else ""
+    return f"Page {i}: {page.url or ''}\n{how}{(page.axtree or page.html or '')[:max_chars]}"
 
 
 def grown_tasks(output: Dataset, depth: int) -> list[_Grown]:

@@ -16,6 +16,12 @@ refused. The user is a component of its own: by default the simulator plays it t
 (`SimulatorUser`, the same model under the same policy, seeing the whole episode), or any
 `UserSimulator` given. The episode ends when the model says `done`, when a user turn carries
 `###STOP###`, after `max_steps` actions, or (web mode) when the agent answers with a message.
+Web mode can be seeded with real pages of the site (`real_states`: a JSONL of recorded states or a
+dataset directory of real-world trajectories; `envs/simulated/real_states.py`): an episode starts
+on the recorded entry page most like its task, and each step's prompt carries the `real_states_k`
+recorded pages that followed the most similar real actions (BM25 over page and action words), so
+simulated pages take the real site's format, structure and wording (UI-Simulator's
+retrieval-augmented simulation).
 The reward is an LLM judge's `{reasoning, reward}` over the transcript (one call per history,
 reused until the history grows). The world's whole state is the episode's history, so snapshots
 are free and repeatable.
@@ -33,7 +39,9 @@ from pydantic import BaseModel, Field
 from backends.base import LLM
 from backends.config import LLMConfig
 from envs.base import USER_STOP, Environment, Evaluation, StepResult, Task, UserReply, UserSimulator, action_kind, refused
+from envs.pages import describe_action, page_elements, page_title
 from envs.simulated import prompts as P
+from envs.simulated.real_states import load_real_states
 from envs.toolspec import as_tool
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool, Trajectory, WebObservation
 from schemas.toolcalls import call_problem
@@ -56,7 +64,7 @@ class PageTurn(BaseModel):
     """The simulator's answer in web mode: the next page state."""
 
     url: str
-    axtree: str = Field(description="the accessibility tree as JSON text")
+    axtree: str = Field(description="the page's accessibility tree, written in the format the instructions give")
     done: bool
 
 
@@ -132,6 +140,8 @@ class SimulatedEnv(Environment):
         mode: Mode = "tool",
         tasks: list[str | dict[str, Any]] | None = None,
         start_page: dict[str, str] | None = None,
+        real_states: str | list[str] | None = None,
+        real_states_k: int = 2,
         max_steps: int = 30,
         max_history_chars: int = 12_000,
         max_example_chars: int = 6_000,
@@ -143,6 +153,10 @@ class SimulatedEnv(Environment):
             raise ValueError(f"mode must be 'tool' or 'web', not {mode!r}")
         if mode == "tool" and not tools:
             raise ValueError("a simulated tool environment needs tools=[...] (Tool objects or JSON Schema dicts)")
+        if real_states and mode != "web":
+            raise ValueError("real_states are recorded web pages: they seed the simulated env in mode: web")
+        if real_states_k < 1:
+            raise ValueError(f"real_states_k must be >= 1, not {real_states_k}")
         # Web mode has no user: the agent's message is its final answer.
         super().__init__(max_steps=max_steps, user=user if user is not None or mode == "web" else SimulatorUser(self))
         self.mode: Mode = mode
@@ -154,6 +168,13 @@ class SimulatedEnv(Environment):
         self.seeds = _load_seeds(list(seeds or []))
         self.task_pool = list(tasks or [])
         self.start_page = start_page
+        # Real pages of the site (UI-Simulator's retrieval-augmented simulation): an entry page to start on,
+        # and for every step the real pages that followed the most similar recorded actions.
+        self.real = load_real_states(real_states) if real_states else None
+        if self.real is not None and not self.real.states:
+            raise ValueError(f"real_states: {real_states} holds no pages")
+        self.real_states_k = real_states_k
+        self.max_example_chars = max_example_chars
         self.max_history_chars = max_history_chars
         self.seed = seed
         self._own_llm = llm is not None and not isinstance(llm, LLM)
@@ -164,7 +185,8 @@ class SimulatedEnv(Environment):
         self._judged: tuple[tuple[Step, ...], Evaluation] | None = None
         template = P.WEB_SYSTEM if mode == "web" else P.TOOL_SYSTEM
         self._system = template.format(policy=self.rules, tools=P.tools_block(self._tools),
-                                       examples=P.examples_block(self.seeds, max_example_chars))
+                                       examples=P.examples_block(self.seeds, max_example_chars),
+                                       page_format=P.PAGE_FORMAT_REAL if self.real is not None else P.PAGE_FORMAT_JSON)
 
     # ---- configuration ------------------------------------------------------------------------
 
@@ -206,6 +228,9 @@ class SimulatedEnv(Environment):
         page = task.params.get("start_page") or self.start_page
         if page:
             return WebObservation(url=page.get("url"), axtree=_as_axtree(page.get("axtree", "")))
+        entry = self.real.entry(f"{task.instruction} {task.params.get('start_url', '')}") if self.real else None
+        if entry is not None:
+            return WebObservation(url=entry.url, axtree=entry.axtree)  # a real page needs no model call
         answer = await self.ask(P.WEB_START.format(task=P.task_block(task)), PageTurn)
         return WebObservation(url=answer.url, axtree=_as_axtree(answer.axtree))
 
@@ -218,8 +243,16 @@ class SimulatedEnv(Environment):
                 # Checked locally: a schema violation needs no model call and changes nothing.
                 return refused(action, problem)
             if self.mode == "web":
+                page = next((s for s in reversed(self.history) if isinstance(s, WebObservation)), None)
+                elements = page_elements(page.axtree if page is not None else None)
+                # The action's target by name: the simulator (and the retrieval) need not look the bid up.
+                said = describe_action(action, elements)
+                real = self.real.similar(page.url if page else None, page_title(page.axtree if page else None), said,
+                                         self.real_states_k) if self.real else []
                 answer = await self.ask(P.WEB_USER.format(task=P.task_block(task), history=self._history_text(self.history),
-                                                          action=P.step_line(action)), PageTurn)
+                                                          action=f"{P.step_line(action)}: {said}",
+                                                          real_pages=P.real_pages_block(real, self.max_example_chars)),
+                                        PageTurn)
                 obs: Observation = WebObservation(url=answer.url, axtree=_as_axtree(answer.axtree),
                                                   tool_call_id=action.tool_call_id)
                 return StepResult(obs, done=answer.done)

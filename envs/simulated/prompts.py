@@ -8,9 +8,10 @@ so scripted test servers and log readers can tell the calls apart.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from envs.base import Task
+from envs.simulated.real_states import RealState
 from schemas.models import Step, Tool
 
 STOP = "###STOP###"
@@ -30,12 +31,20 @@ TOOL_USER = (
     'Answer with a JSON object {{"observation": str, "done": bool}}: observation is {what}.'
 )
 WEB_SYSTEM = (
-    "You simulate a web site for an AI agent that browses it. Each page state is an accessibility tree "
-    "written as JSON text: {{\"url\": str, \"title\": str, \"elements\": [{{\"bid\": str, \"role\": str, "
-    "\"name\": str, \"clickable\": bool}}, ...]}}; roles are link, button, textbox (with a \"value\"), "
-    "heading, text; every element has a unique bid. Pages must be realistic and consistent with earlier "
-    "pages and with the site description below. The agent acts on elements by bid.\n\n"
+    "You simulate a web site for an AI agent that browses it. {page_format} Pages must be realistic and "
+    "consistent with earlier pages and with the site description below. The agent acts on elements by bid.\n\n"
     "Site description and rules:\n{policy}\n\nAgent actions (JSON, one per line):\n{tools}{examples}"
+)
+# How pages are written: the JSON of the built-in shop, or (seeded with real pages) the real site's own format.
+PAGE_FORMAT_JSON = (
+    'Each page state is an accessibility tree written as JSON text: {"url": str, "title": str, "elements": '
+    '[{"bid": str, "role": str, "name": str, "clickable": bool}, ...]}; roles are link, button, textbox (with a '
+    '"value"), heading, text; every element has a unique bid.'
+)
+PAGE_FORMAT_REAL = (
+    "Each page state is an accessibility tree written exactly in the format of the real pages of this site that "
+    "come with each step (their roles, names, nesting and properties); every element an action can address has a "
+    "unique bid, written the way the real pages write it."
 )
 WEB_START = (
     "SIMULATE START PAGE\nTask the agent will attempt (hidden from it):\n{task}\n\n"
@@ -43,7 +52,8 @@ WEB_START = (
     "(done is false)."
 )
 WEB_USER = (
-    "SIMULATE PAGE\nTask (hidden from the agent):\n{task}\n\nEpisode so far:\n{history}\n\nThe agent now {action}\n\n"
+    "SIMULATE PAGE\nTask (hidden from the agent):\n{task}\n\nEpisode so far:\n{history}\n\nThe agent now {action}"
+    "{real_pages}\n\n"
     'Answer with a JSON object {{"url": str, "axtree": str, "done": bool}}: the page after the action; done is '
     "true only if the site reached a final state (e.g. an order was placed)."
 )
@@ -55,7 +65,14 @@ JUDGE_SYSTEM = (
 )
 JUDGE_USER = "JUDGE EPISODE\nTask:\n{task}\n\nTranscript:\n{history}"
 
-TEMPLATES = (TOOL_SYSTEM, TOOL_USER, WEB_SYSTEM, WEB_START, WEB_USER, JUDGE_SYSTEM, JUDGE_USER)
+REAL_PAGES = (
+    "\n\nReal pages of this site, recorded after the most similar actions. Write the next page as the real site "
+    "would show it: in their format, with their structure and wording, changed only where this step differs "
+    "from theirs.\n{pages}"
+)
+
+TEMPLATES = (TOOL_SYSTEM, TOOL_USER, WEB_SYSTEM, PAGE_FORMAT_JSON, PAGE_FORMAT_REAL, WEB_START, WEB_USER, REAL_PAGES,
+             JUDGE_SYSTEM, JUDGE_USER)
 
 # Actions of the simulated web mode when the config gives none: the same browser tools, by element
 # bid, as the built-in `web` shop (envs/web), so agents move between the two unchanged.
@@ -127,6 +144,19 @@ def history_block(steps: Iterable[Step], max_chars: int) -> str:
         tail.append(line)
         size += len(line) + 1
     return "\n".join([head, "[... earlier steps omitted ...]", *reversed(tail)])
+
+
+def real_pages_block(states: Sequence[RealState], max_chars: int) -> str:
+    """Retrieved real transitions for the simulator: where each started, what was done, the page it led to
+    (each cut to its share of `max_chars`)."""
+    if not states:
+        return ""
+    share = max(200, max_chars // len(states))
+    parts = []
+    for i, s in enumerate(states, 1):
+        head = f"Real page {i}: on {s.from_url} ({s.from_title or 'untitled'}), {s.action_text} -> {s.url}\n"
+        parts.append(head + s.axtree[: max(0, share - len(head))])
+    return REAL_PAGES.format(pages="\n\n".join(parts))
 
 
 def examples_block(seeds: list[Any], max_chars: int) -> str:

@@ -184,3 +184,67 @@ def test_config_errors():
 
     with pytest.raises(ValueError, match="needs llm"):
         asyncio.run(talk())
+
+
+# ---- web mode seeded with real pages (retrieval of real states) --------------------------------------
+
+INDEX = "RootWebArea 'Tiny Shop', focused\n\t[7] link 'Cart'\n\t[16] link 'Red socks'\n\t[19] link 'Blue hat'"
+CART = "RootWebArea 'Cart - Tiny Shop', focused\n\t[4] heading 'Cart'\n\tStaticText 'Your cart is empty.'"
+SOCKS = "RootWebArea 'Product - Tiny Shop', focused\n\t[4] heading 'Red socks'\n\t[9] button 'Add to cart'"
+
+
+def _real_states(path) -> None:
+    """Three recorded pages: the entry, and the pages two clicks on it led to."""
+    from envs.simulated.real_states import StateStore, states_from_steps
+    from schemas.models import WebObservation
+
+    home = WebObservation(url="http://127.0.0.1:8000/", axtree=INDEX)
+    steps = [home, ApiAction(function="click", arguments={"bid": "7"}),
+             WebObservation(url="http://127.0.0.1:8000/cart.html", axtree=CART)]
+    store = StateStore(path)
+    assert store.append(states_from_steps(steps, source="walk", env="browser", task_id="a")) == 2
+    steps = [home, ApiAction(function="click", arguments={"bid": "16"}),
+             WebObservation(url="http://127.0.0.1:8000/product.html?sku=socks", axtree=SOCKS)]
+    # The entry page is there already: only the new transition is written.
+    assert store.append(states_from_steps(steps, source="rollout", env="browser", task_id="b")) == 1
+
+
+def test_web_mode_seeded_with_real_states_starts_on_a_real_page_and_retrieves_similar_ones(tmp_path):
+    path = tmp_path / "real_states.jsonl"
+    _real_states(path)
+
+    def page(body: dict):
+        return {"url": "http://127.0.0.1:8000/product.html?sku=socks", "axtree": SOCKS, "done": False}
+
+    async def main(server: FakeServer) -> None:
+        env = make_env("simulated", mode="web", policy="Tiny Shop", llm=make_llm(_cfg(server.base_url)),
+                       real_states=str(path), real_states_k=1)
+        _, first = await env.reset(Task(id="w", env="simulated", instruction="What does a red item cost?"))
+        assert first.url == "http://127.0.0.1:8000/" and first.axtree == INDEX and server.log == []
+        step = await env.step(ApiAction(function="click", arguments={"bid": "16"}))
+        assert step.observation.url.endswith("sku=socks")
+
+    with FakeServer(rules=[Rule(fn=page)]) as server:
+        asyncio.run(main(server))
+        (body,) = [e["body"] for e in server.log if "body" in e]
+    prompt = _prompt(body)
+    # The click on "Red socks" is retrieved by the name of its target (the bid is only the page's number
+    # for it): the page it led to is the example, the cart page (a click on another link) is not.
+    assert 'The agent now AGENT CALLS click({"bid": "16"}): click link \'Red socks\'' in prompt
+    assert ("Real page 1: on http://127.0.0.1:8000/ (Tiny Shop), click link 'Red socks' -> "
+            f"http://127.0.0.1:8000/product.html?sku=socks\n{SOCKS}") in prompt
+    assert "Cart - Tiny Shop" not in prompt and "Real page 2" not in prompt
+    assert "exactly in the format of the real pages" in _system(body) and '"elements"' not in _system(body)
+
+
+def test_real_states_that_cannot_be_read_fail_with_one_line(tmp_path):
+    bad = tmp_path / "states.jsonl"
+    _real_states(bad)
+    bad.write_text(bad.read_text() + '{"url": "http://x/"}\n')
+    with pytest.raises(ValueError, match=r"states.jsonl:4: not a real state \(id: Field required\)"):
+        make_env("simulated", mode="web", llm=LLMConfig(backend="openai", model="m"), real_states=str(bad))
+    with pytest.raises(ValueError, match="real_states: .*missing.jsonl does not exist"):
+        make_env("simulated", mode="web", llm=LLMConfig(backend="openai", model="m"),
+                 real_states=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="seed the simulated env in mode: web"):
+        make_env("simulated", tools=[BOOK], llm=LLMConfig(backend="openai", model="m"), real_states=str(bad))
