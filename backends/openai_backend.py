@@ -64,23 +64,40 @@ def parse_body(body: bytes) -> list[Completion]:
         raise BackendError("malformed", f"unparseable response body ({type(exc).__name__})") from None
 
 
+class _Server:
+    """One endpoint's transport: the lean HTTP client, or the SDK once asked for or needed."""
+
+    def __init__(self, base_url: str, key: str | None, transport: str):
+        self.base_url = base_url
+        self.key = key
+        self.sdk: Any = None
+        self.http: HTTPClient | None = None
+        self.use_sdk = not (transport == "http" and base_url.startswith(("http://", "https://")))
+        if not self.use_sdk:
+            headers = {"Content-Type": "application/json"}
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            self.http = HTTPClient(base_url + "/chat/completions", headers)
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+        if self.sdk is not None:
+            await self.sdk.close()
+            self.sdk = None
+
+
 class OpenAILLM(LLM):
     backend_name = "openai"
 
     def __init__(self, config: LLMConfig):
         super().__init__(config)
-        base = (config.base_url or "https://api.openai.com/v1").rstrip("/")
-        self._base_url = base
-        key = config.api_key()
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._sdk: Any = None
-        self._http: HTTPClient | None = None
-        self._use_sdk = not (config.transport == "http" and base.startswith(("http://", "https://")))
-        if not self._use_sdk:
-            self._http = HTTPClient(base + "/chat/completions", headers)
-        else:
+        self._servers = [
+            _Server((ep.base_url or "https://api.openai.com/v1").rstrip("/"), ep.api_key(config.api_key_env),
+                    config.transport)
+            for ep in config.endpoint_list()
+        ]
+        if any(server.use_sdk for server in self._servers):
             # Import (slow) now, not inside the first request's timeout window; the SDK loads its
             # chat resources lazily, on first use.
             import openai.resources.chat  # noqa: F401
@@ -88,15 +105,19 @@ class OpenAILLM(LLM):
     # ---- lean HTTP transport ------------------------------------------------------------------
 
     async def _complete(self, request: ChatRequest) -> list[Completion]:
-        if self._use_sdk or self._http is None:
-            return await self._complete_sdk(request)
+        return await self._complete_at(0, request)
+
+    async def _complete_at(self, endpoint: int, request: ChatRequest) -> list[Completion]:
+        server = self._servers[endpoint]
+        if server.use_sdk or server.http is None:
+            return await self._complete_sdk(server, request)
         body = orjson.dumps(build_payload(self.config.model, request))
         try:
-            resp = await self._http.post(body)
+            resp = await server.http.post(body)
         except Unsupported as exc:
-            log.info("%s from %s: using the openai SDK transport from now on", exc, self.redact(self._base_url))
-            self._use_sdk = True
-            return await self._complete_sdk(request)
+            log.info("%s from %s: using the openai SDK transport from now on", exc, self.redact(server.base_url))
+            server.use_sdk = True
+            return await self._complete_sdk(server, request)
         except OSError as exc:  # refused, reset or cut-off connections; the request may be resent
             raise BackendError("connection", self.redact(f"{type(exc).__name__}: {exc}")) from None
         if resp.status != 200:
@@ -110,27 +131,27 @@ class OpenAILLM(LLM):
 
     # ---- openai SDK transport -----------------------------------------------------------------
 
-    def _get_sdk(self) -> Any:
-        if self._sdk is None:
+    def _get_sdk(self, server: _Server) -> Any:
+        if server.sdk is None:
             import openai
 
-            self._sdk = openai.AsyncOpenAI(
-                base_url=self._base_url,
-                api_key=self.config.api_key() or "EMPTY",
+            server.sdk = openai.AsyncOpenAI(
+                base_url=server.base_url,
+                api_key=server.key or "EMPTY",
                 max_retries=0,  # retries belong to the shared layer, which also adapts concurrency
                 timeout=self.config.request_timeout_s,
                 http_client=openai.DefaultAioHttpClient(),
             )
-        return self._sdk
+        return server.sdk
 
-    async def _complete_sdk(self, request: ChatRequest) -> list[Completion]:
+    async def _complete_sdk(self, server: _Server, request: ChatRequest) -> list[Completion]:
         import openai
 
         payload = build_payload(self.config.model, request)
         extra = {k: payload.pop(k) for k in list(payload) if k not in _SDK_PARAMS and k not in
                  ("model", "messages", "n", "tools", "tool_choice", "response_format")}
         try:
-            raw = await self._get_sdk().chat.completions.with_raw_response.create(**payload, extra_body=extra or None)
+            raw = await self._get_sdk(server).chat.completions.with_raw_response.create(**payload, extra_body=extra or None)
         except openai.APIStatusError as exc:
             raise BackendError(
                 kind_for_status(exc.status_code),
@@ -147,8 +168,5 @@ class OpenAILLM(LLM):
         return parse_body(raw.content)
 
     async def _close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-        if self._sdk is not None:
-            await self._sdk.close()
-            self._sdk = None
+        for server in self._servers:
+            await server.close()

@@ -114,6 +114,12 @@ def llm_rows(name: str, payload: dict[str, Any]) -> list[Figure]:
     reference = "ideal capacity/latency" + (f" (this job's best possible: {bound / ideal:.3f})" if bound else "")
     out = [Figure(name, "trajforge requests/s vs ideal", ours["rps"], "req/s", ideal, reference,
                   ">= 0.95", ours["rps"] / ideal >= 0.95)]
+    multi = payload.get("multi_endpoint")
+    if multi is not None:
+        caps = "+".join(str(c) for c in multi["capacities"])
+        out.append(Figure(name, f"trajforge requests/s over {len(multi['capacities'])} endpoints ({caps} slots)",
+                          multi["rps"], "req/s", multi["ideal_rps"], "sum of the endpoints' capacity/latency",
+                          ">= 0.9", multi["rps"] / multi["ideal_rps"] >= 0.9))
     for peer in ("distilabel", "curator"):
         got = payload.get(peer)
         metric = f"trajforge vs {peer}"

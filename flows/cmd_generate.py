@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
+from backends.stats import endpoint_table
 from flows.console import console, fail
 from flows.progress import RichProgress
 from generators._episode import TaskFileError
@@ -77,6 +78,8 @@ def print_summary(summary: RunSummary) -> None:
     for reason, n in sorted(data["rejected_by_reason"].items()):
         table.add_row(f"  rejected: {reason}", str(n))
     llm = data["llm"]
-    for key in ("calls", "cache_hits", "retries", "failures", "prompt_tokens", "completion_tokens"):
+    for key in ("calls", "cache_hits", "retries", "failovers", "failures", "prompt_tokens", "completion_tokens"):
         table.add_row(f"LLM {key.replace('_', ' ')}", f"{llm.get(key, 0):,}")
     console.print(table)
+    if llm.get("endpoints"):
+        console.print(endpoint_table(llm["endpoints"]))

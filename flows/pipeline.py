@@ -30,6 +30,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import console as term
 from flows.pipeline_config import PipelineConfig, load_pipeline_config, stage_key
 from flows.progress import RichProgress
+from flows.run_summary import endpoint_counts, reasons
 
 RUNS_FILE = "_runs.jsonl"
 STATE_DIR = "_state"
@@ -158,6 +159,7 @@ def generate_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
     counts.setdefault("tasks", summary.tasks)
     if entry.agent == "llm":
         counts.update({f"llm_{k}": summary.llm.get(k, 0) for k in ("prompt_tokens", "completion_tokens")})
+        counts.update(endpoint_counts(summary.llm))
     return _finish(cfg, "generate", entry.name, key, out, counts)
 
 
@@ -345,7 +347,7 @@ def _publish(cfg: PipelineConfig, results: list[dict[str, Any]]) -> None:
         rows.append(f"| {res['stage']} | {res['name']} | {res['reason']} | {counts} |")
     rows += ["", "**Counts by reason**", "", "| stage | name | count | records |", "|---|---|---|---|"]
     for res in results:
-        rows += [f"| {res['stage']} | {res['name']} | {k} | {v} |" for k, v in res["counts"].items() if ":" in k]
+        rows += [f"| {res['stage']} | {res['name']} | {k} | {v} |" for k, v in reasons(res["counts"]).items()]
     rows += ["", "**Outputs**", ""]
     rows += [f"- {res['stage']}/{res['name']}: [{res['output']}]({Path(res['output']).as_uri()})" for res in results]
     rows += [f"- run log: [{cfg.root / RUNS_FILE}]({(cfg.root / RUNS_FILE).as_uri()})"]
