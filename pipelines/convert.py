@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import logging
 import os
 import shutil
 import tempfile
@@ -32,23 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import apache_beam as beam
 
-
-class _DropGcpImportWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "apitools not found" not in record.getMessage()
-
-
-# Importing Beam logs a warning about optional GCP client libraries; it is noise for a CLI.
-_filter = _DropGcpImportWarning()
-logging.getLogger().addFilter(_filter)
-try:
-    import apache_beam as beam  # noqa: E402
-    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
-finally:
-    logging.getLogger().removeFilter(_filter)
-
-from converters.registry import get_converter  # noqa: E402
+from converters.registry import get_converter
+from pipelines.beam_runner import DEFAULT_RUNNER, check_portable, run_beam
 from pipelines.convert_work import (
     ChunkResult,
     committed_ids,
@@ -60,9 +46,8 @@ from pipelines.convert_work import (
     write_unit,
 )
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
-from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset, StoreError
+from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset
 
-DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 STAGING_PREFIX = f"{TEMP_PREFIX}convert-"
 # Progress callback: (chunks converted, chunks written, chunks to do).
 Progress = Callable[[int, int, int], None]
@@ -120,6 +105,9 @@ class ConvertChunk(beam.DoFn):
 
     def __init__(self, source: str, output: str, spill_dir: str, max_rows: int, max_bytes: int) -> None:
         self.source = source
+        # Resolved on the driver and pickled along: a converter registered by the user's own code
+        # is unknown to a worker's registry.
+        self.fn = get_converter(source).fn
         self.output = output
         self.spill_dir = spill_dir
         self.max_rows = max_rows
@@ -127,7 +115,6 @@ class ConvertChunk(beam.DoFn):
         self.records_in = beam.metrics.Metrics.counter("convert", "records_in")
 
     def setup(self) -> None:
-        self.fn = get_converter(self.source).fn  # registry import happens on the worker
         self.dataset = Dataset(Path(self.output))
 
     def process(self, chunk: Chunk) -> Any:
@@ -193,13 +180,6 @@ def build_pipeline(
     _ = results | "Write" >> beam.ParDo(
         WriteUnit(output, max_rows, max_bytes), losers=beam.pvalue.AsSingleton(losers)
     )
-
-
-def _with_temp_location(beam_args: Sequence[str], tmp: str) -> list[str]:
-    args = list(beam_args)
-    if not any(a.startswith("--temp_location") for a in args):
-        args.append(f"--temp_location={tmp}")
-    return args
 
 
 def _poll_progress(
@@ -283,6 +263,7 @@ def run_convert(
     if not inputs:
         raise ConvertError("no inputs given")
     local_workers(workers, runner, beam_args, 0)  # a conflicting request fails before the output is touched
+    check_portable(runner, beam_args, ConvertError)
     chunks = plan_chunks(list(inputs), chunk_size)
     converter = f"{info.fn.__module__}.{info.fn.__qualname__}"
     ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),
@@ -339,18 +320,10 @@ def _run_pipeline(
         poller = threading.Thread(target=_poll_progress, args=(ds, spill_dir, todo, on_progress, stop), daemon=True)
         poller.start()
     try:
-        options = PipelineOptions(_with_temp_location(beam_args, str(beam_tmp)))
-        try:
-            with beam.Pipeline(runner=runner, options=options) as p:
-                build_pipeline(p, todo, finished, source=source, output=out_path, spill_dir=str(spill_dir),
-                               max_rows=max_rows, max_bytes=max_bytes)
-        except (InputError, StoreError):
-            raise
-        except Exception as exc:
-            # Runners wrap worker errors in long multi-line messages; the CLI shows one line.
-            # Finished units stay committed, so a re-run resumes after the fix.
-            lines = [line for line in str(exc).splitlines() if line.strip()]
-            raise ConvertError(f"pipeline failed: {type(exc).__name__}: {lines[-1] if lines else ''}") from exc
+        run_beam(lambda p: build_pipeline(p, todo, finished, source=source, output=out_path,
+                                          spill_dir=str(spill_dir), max_rows=max_rows, max_bytes=max_bytes),
+                 runner=runner, beam_args=beam_args, temp_location=beam_tmp, error=ConvertError,
+                 passthrough=(InputError,))
     finally:
         stop.set()
         if poller is not None:
