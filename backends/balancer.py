@@ -179,7 +179,8 @@ class Balancer:
     def _none_live(self) -> BackendError:
         now = self._clock()
         soonest = min((ep.retry_at for ep in self.endpoints if ep.state == OUT), default=now)
-        return BackendError("connection", f"no endpoint is live ({len(self.endpoints)} taken out); "
+        out = sum(ep.state == OUT for ep in self.endpoints)
+        return BackendError("connection", f"no endpoint left to try ({out} of {len(self.endpoints)} taken out); "
                             f"next probe in {max(0.0, soonest - now):.1f}s")
 
     def _take_out(self, ep: EndpointState, why: str) -> None:

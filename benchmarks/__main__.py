@@ -145,6 +145,7 @@ SUITE: tuple[Benchmark, ...] = (
               ("--sizes", "250000,500000,1000000", "--datatrove-max", "250000")),
     Benchmark("export", "benchmarks.export", ("--sizes", "10000,30000,100000"), ("--sizes", "100000,300000,1000000"),
               extract=export_rows),
+    Benchmark("portable", "benchmarks.portable", ("--records", "20000"), ("--records", "100000")),
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
 )
 
