@@ -130,8 +130,8 @@ def _closed_port() -> int:
 
 # ---- three server processes, one killed mid-run and started again -----------------------------
 
-LATENCY = 0.1
-CAPS = (2, 4, 8)  # ideal rates 20 + 40 + 80 = 140 requests/s
+LATENCY = 0.2
+CAPS = (2, 4, 8)  # ideal rates 10 + 20 + 40 = 70 requests/s
 
 
 def _ok_prompts(log: Path) -> list[str]:
@@ -148,15 +148,20 @@ def _rate(times: list[float], start: float, end: float) -> float:
 def test_three_servers_one_killed_mid_run_then_restarted(tmp_path):
     logs = [tmp_path / f"server{i}.jsonl" for i in range(3)]
     procs, urls = [], []
+
+    def start(i: int, *port: str) -> None:
+        proc, url = spawn(*port, "--latency", str(LATENCY), "--capacity", str(CAPS[i]), "--log-jsonl", str(logs[i]),
+                          cwd=str(REPO))
+        procs[i:i + 1] = [proc]
+        urls[i:i + 1] = [url]
+
     try:
-        for cap, log in zip(CAPS, logs):
-            proc, url = spawn("--latency", str(LATENCY), "--capacity", str(cap), "--log-jsonl", str(log), cwd=str(REPO))
-            procs.append(proc)
-            urls.append(url)
+        for i in range(3):
+            start(i)
         ledger, cache = tmp_path / "ledger.jsonl", tmp_path / "cache.sqlite"
         cfg = _endpoints_config(list(zip(urls, CAPS)), endpoint_probe_s=0.3, endpoint_probe_max_s=0.6,
                                 ledger_path=str(ledger), cache_path=str(cache))
-        n, kill_at, restart_at = 450, 150, 300
+        first, kill_at, second = 200, 70, 120
         marks: dict[str, float] = {}
         done_times: list[float] = []
 
@@ -165,31 +170,32 @@ def test_three_servers_one_killed_mid_run_then_restarted(tmp_path):
                 async def one(i: int) -> str:
                     [c] = await _ask(llm, f"job {i}")
                     done_times.append(time.monotonic())
-                    if "listening" in marks and "back" not in marks and llm.stats.endpoints[urls[2]].state == "live":
-                        marks["back"] = time.monotonic()
                     if len(done_times) == kill_at:
                         procs[2].kill()  # SIGKILL: its connections drop with requests in flight
                         marks["killed"] = time.monotonic()
-                    elif len(done_times) == restart_at:
-                        marks["restart"] = time.monotonic()
-                        port = urls[2].rsplit(":", 1)[1].split("/")[0]
-                        procs[2], _ = await asyncio.to_thread(
-                            spawn, "--port", port, "--latency", str(LATENCY), "--capacity", str(CAPS[2]),
-                            "--log-jsonl", str(logs[2]), cwd=str(REPO))
-                        marks["listening"] = time.monotonic()
+                    if "restarted" in marks and "back" not in marks and llm.stats.endpoints[urls[2]].state == "live":
+                        marks["back"] = time.monotonic()
                     return c.text
 
                 marks["start"] = time.monotonic()
-                answers = await asyncio.gather(*(one(i) for i in range(n)))
+                answers = await asyncio.gather(*(one(i) for i in range(first)))
+                marks["first_done"] = time.monotonic()
+                out_meanwhile = llm.stats.endpoints[urls[2]].state
+                # Started again on its port; the next request after the longest probe wait probes it.
+                await asyncio.to_thread(start, 2, "--port", urls[2].rsplit(":", 1)[1].split("/")[0])
+                await asyncio.sleep(0.7)
+                marks["restarted"] = time.monotonic()
+                answers += await asyncio.gather(*(one(i) for i in range(first, first + second)))
                 marks["end"] = time.monotonic()
-                return answers, llm.stats, len(llm.cache)
+                return answers, out_meanwhile, llm.stats, len(llm.cache)
 
-        answers, stats, cached = asyncio.run(go())
+        answers, out_meanwhile, stats, cached = asyncio.run(go())
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
 
+    n = first + second
     # Nothing lost, nothing twice: every prompt answered once, cached once, nothing ledgered.
     assert answers == [f"echo[0]: job {i}" for i in range(n)]
     assert cached == n and stats.failures == 0 and stats.retries == 0 and not ledger.exists()
@@ -199,24 +205,21 @@ def test_three_servers_one_killed_mid_run_then_restarted(tmp_path):
     assert len(served) - n <= CAPS[2]
 
     killed = stats.endpoints[urls[2]]
-    assert killed.taken_out >= 1 and killed.probes >= 1 and killed.state == "live"
-    assert marks["back"] - marks["listening"] < 1.0  # probed back in within the longest probe wait
+    assert out_meanwhile in ("out", "probing")
+    assert killed.taken_out >= 1 and killed.probes >= 1 and killed.state == "live" and "back" in marks
     assert 1 <= killed.failed_over <= killed.failed
     assert stats.failovers == sum(e.failed_over for e in stats.endpoints.values())
     assert all(stats.endpoints[u].failed == 0 for u in urls[:2])
-    assert [stats.endpoints[u].ok for u in urls] == [len(_ok_prompts(log)) for log in logs] or len(served) > n
 
     # Throughput tracks the live capacity: all three, then two, then three again.
     full, reduced = sum(CAPS) / LATENCY, sum(CAPS[:2]) / LATENCY
     phases = [
-        ("all three", marks["start"] + 0.2, marks["killed"], full),
-        ("one killed", marks["killed"] + 0.3, marks["restart"], reduced),
-        ("restarted", marks["back"] + 0.2, marks["end"] - 0.1, full),
+        ("all three", marks["start"] + 0.3, marks["killed"], full),
+        ("one killed", marks["killed"] + 0.4, marks["first_done"] - 0.2, reduced),
+        ("back", marks["back"] + 0.3, marks["end"] - 0.2, full),
     ]
-    for name, start, end, ideal in phases:
-        if end - start < 0.4:
-            continue  # too short a window on a slow machine to measure
-        rate = _rate(done_times, start, end)
+    for name, start_t, end_t, ideal in phases:
+        rate = _rate(done_times, start_t, end_t)
         assert 0.7 * ideal <= rate <= 1.1 * ideal, f"{name}: {rate:.0f} req/s against {ideal:.0f} live capacity"
 
 
