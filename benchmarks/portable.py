@@ -1,15 +1,21 @@
 """The Beam stages on Beam's portable runner path against the in-process FnApiRunner.
 
-`python -m benchmarks.portable [--records N]`
+`python -m benchmarks.portable [--records N] [--repeat R]`
 
 Builds N ADP records (the shipped samples with unique ids, see `benchmarks.convert`; every
 record's content repeats every 87 records, so dedup has clusters to find), then runs convert,
-filter (rule chain) and dedup twice, each run in its own process: on the default FnApiRunner,
-and with `--runner PortableRunner --job_endpoint=embed --environment_type=EXTERNAL` against an SDK
-worker pool started for the benchmark, as a Dataflow, Flink or Spark job runs them. Per stage:
-records/s on both paths (the portable path's ratio, target >= 0.8: only small elements, shard
-paths and chunk summaries, cross the portability layer, so it should cost little), whether the
-outputs are equal (ids and counts), and the peak RSS of the driver and of the SDK worker.
+filter (rule chain) and dedup on the default FnApiRunner and with `--runner PortableRunner
+--job_endpoint=embed --environment_type=EXTERNAL` against an SDK worker pool started for the
+benchmark, as a Dataflow, Flink or Spark job runs them. Each run is its own process; the two
+paths alternate `--repeat` times and the best time of each counts (a shared machine's load
+changes from one run to the next).
+
+A portable job pays a fixed cost first: the pool starts an SDK worker, which imports Beam and
+trajforge, for every job (dedup runs two). That cost is measured on the 87 sample records and
+reported on its own; the target applies to the rest, the time per record beyond it (>= 0.8 of
+the FnApiRunner's rate: only small elements, shard paths and chunk summaries, cross the
+portability layer, so it should cost little). Also per stage: whether the outputs are equal (ids
+and counts), and the peak RSS of the driver and of the SDK worker.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from benchmarks.convert import build_input
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.8
-CHAIN = [{"name": "well_formed"}, {"name": "no_loops", "k": 3}, {"name": "pii", "mode": "scrub"},
+# Rule filters of a few microseconds to a millisecond per record: light enough that the path's own
+# cost would show (the pii scrubber alone takes ~2.6 ms per ADP record).
+CHAIN = [{"name": "well_formed"}, {"name": "tool_calls_valid"}, {"name": "no_loops", "k": 3},
          {"name": "max_step_tokens", "max_tokens": 8192}]
 STAGES = ("convert", "filter", "dedup")
 
@@ -129,48 +137,74 @@ def main(argv: list[str] | None = None) -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each stage on each path (the best counts)")
     a = ap.parse_args(argv)
 
     from pipelines.beam_runner import DEFAULT_RUNNER
 
     tmp = Path(tempfile.mkdtemp(prefix="trajforge-bench-portable-"))
     pool = Pool(tmp)
+    paths = {"local": (DEFAULT_RUNNER, []), "portable": ("PortableRunner", pool.args())}
     rows: list[dict[str, Any]] = []
     details: dict[str, Any] = {}
     try:
-        data = tmp / "input.jsonl"
-        size = build_input(data, a.records)
+        size = build_input(tmp / "input.jsonl", a.records)
+        build_input(tmp / "tiny.jsonl", 87)
         print(f"input: {a.records:,} ADP records, {size / 2**20:,.0f} MiB; SDK worker pool on port {pool.port}")
-        inputs = {"local": data, "portable": data}
+        inputs = {(p, kind): tmp / f"{kind}.jsonl" for p in paths for kind in ("tiny", "input")}
         for stage in STAGES:
-            got = {}
-            for path, runner, beam_args in (("local", DEFAULT_RUNNER, []), ("portable", "PortableRunner", pool.args())):
-                pool.take_peak()
-                r = measure(stage, inputs[path], tmp / f"{stage}-{path}", runner, beam_args)
-                r["worker_rss_mib"] = pool.take_peak() if path == "portable" else None
-                got[path] = r
-                inputs[path] = tmp / f"{stage}-{path}"
-            local, portable = got["local"], got["portable"]
-            n = local["counts"]["in"]
-            equal = local["counts"] == portable["counts"] and _ids(tmp / f"{stage}-local") == _ids(tmp / f"{stage}-portable")
-            ratio = local["seconds"] / portable["seconds"]
-            print(f"{stage}: FnApiRunner {n / local['seconds']:,.0f} records/s ({local['seconds']:.1f}s), portable "
-                  f"{n / portable['seconds']:,.0f} records/s ({portable['seconds']:.1f}s): ratio {ratio:.2f} "
-                  f"(target >= {TARGET}); outputs equal: {equal}; peak RSS driver {portable['driver_rss_mib']:.0f} "
-                  f"MiB + SDK worker {portable['worker_rss_mib']:.0f} MiB (FnApiRunner process "
-                  f"{local['driver_rss_mib']:.0f} MiB)", flush=True)
-            rows.append(row(f"{stage} on the portable path", n / portable["seconds"], "records/s",
-                            n / local["seconds"], "FnApiRunner in-process records/s", f">= {TARGET}",
-                            ratio >= TARGET))
-            rows.append(row(f"{stage}: portable output equals FnApiRunner's (ids, counts)", float(equal), "bool",
-                            target="== 1", passed=equal))
-            details[stage] = got
+            best: dict[tuple[str, str], dict[str, Any]] = {}
+            for kind in ("tiny", "input"):
+                for rep in range(a.repeat):
+                    for path, (runner, beam_args) in paths.items():
+                        pool.take_peak()
+                        out = tmp / f"{stage}-{kind}-{path}-{rep}"
+                        r = measure(stage, inputs[path, kind], out, runner, beam_args)
+                        r["worker_rss_mib"] = pool.take_peak() if path == "portable" else None
+                        r["output"] = out
+                        if (path, kind) not in best or r["seconds"] < best[path, kind]["seconds"]:
+                            best[path, kind] = {**r, "worker_rss_mib": max(r["worker_rss_mib"] or 0, (best.get(
+                                (path, kind)) or {}).get("worker_rss_mib") or 0)}
+                        if rep == 0:
+                            inputs[path, kind] = out  # the next stage reads this one
+            rows += _stage_rows(stage, best)
+            details[stage] = {f"{p}/{k}": {x: v for x, v in r.items() if x != "output"} for (p, k), r in best.items()}
         print_rows("Beam stages: portable path vs FnApiRunner", rows)
         path = write_results("portable", rows, records=a.records, input_mib=round(size / 2**20, 1), stages=details)
         print(f"results: {path}")
     finally:
         pool.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stage_rows(stage: str, best: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    local, portable = best["local", "input"], best["portable", "input"]
+    fixed_local, fixed_portable = best["local", "tiny"]["seconds"], best["portable", "tiny"]["seconds"]
+    n = local["counts"]["in"]
+    equal = local["counts"] == portable["counts"] and _ids(local["output"]) == _ids(portable["output"])
+    work_local, work_portable = local["seconds"] - fixed_local, portable["seconds"] - fixed_portable
+    # Below a quarter of the run, what is left after the fixed cost is mostly noise.
+    measurable = work_local > 0.25 * local["seconds"] and work_portable > 0.25 * portable["seconds"]
+    rate_local, rate_portable = n / max(work_local, 1e-3), n / max(work_portable, 1e-3)
+    ratio = rate_portable / rate_local
+    print(f"{stage}: FnApiRunner {local['seconds']:.1f}s, portable {portable['seconds']:.1f}s for {n:,} records "
+          f"(end to end {local['seconds'] / portable['seconds']:.2f}); a job's fixed cost {fixed_local:.1f}s vs "
+          f"{fixed_portable:.1f}s; beyond it {rate_local:,.0f} vs {rate_portable:,.0f} records/s: ratio {ratio:.2f} "
+          f"(target >= {TARGET}); outputs equal: {equal}; peak RSS driver {portable['driver_rss_mib']:.0f} MiB + "
+          f"SDK worker {portable['worker_rss_mib']:.0f} MiB (FnApiRunner process {local['driver_rss_mib']:.0f} MiB)",
+          flush=True)
+    per_record = (
+        row(f"{stage} on the portable path, records/s beyond a job's fixed cost", rate_portable, "records/s",
+            rate_local, "FnApiRunner in-process, the same", f">= {TARGET}", ratio >= TARGET) if measurable else
+        row(f"{stage} on the portable path, records/s beyond a job's fixed cost", None, "records/s",
+            target=f">= {TARGET}", note="the fixed cost is most of the run at this size: use more --records"))
+    return [
+        per_record,
+        row(f"{stage}: a job's fixed cost on the portable path (87 records)", fixed_portable, "s", fixed_local,
+            "FnApiRunner in-process"),
+        row(f"{stage}: portable output equals FnApiRunner's (ids, counts)", float(equal), "bool", target="== 1",
+            passed=equal),
+    ]
 
 
 def _ids(path: Path) -> list[str]:
