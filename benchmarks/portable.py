@@ -165,8 +165,7 @@ def main(argv: list[str] | None = None) -> None:
                         if (path, kind) not in best or r["seconds"] < best[path, kind]["seconds"]:
                             best[path, kind] = {**r, "worker_rss_mib": max(r["worker_rss_mib"] or 0, (best.get(
                                 (path, kind)) or {}).get("worker_rss_mib") or 0)}
-                        if rep == 0:
-                            inputs[path, kind] = out  # the next stage reads this one
+            inputs = {key: tmp / f"{stage}-{key[1]}-{key[0]}-0" for key in inputs}  # the next stage reads these
             rows += _stage_rows(stage, best)
             details[stage] = {f"{p}/{k}": {x: v for x, v in r.items() if x != "output"} for (p, k), r in best.items()}
         print_rows("Beam stages: portable path vs FnApiRunner", rows)
