@@ -12,7 +12,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, ClassVar, TypeVar
+from typing import Any, Awaitable, Callable, ClassVar, TypeVar
 
 import orjson
 from pydantic import BaseModel
@@ -20,17 +20,19 @@ from pydantic import BaseModel
 from backends.balancer import Balancer, EndpointState
 from backends.cache import ResponseCache, request_digest, sample_key
 from backends.config import LLMConfig
-from backends.errors import BackendError, LLMRequestError
+from backends.errors import BackendError, CapabilityError, LLMRequestError
 from backends.jsonrepair import extract_json
 from backends.ledger import FailureLedger
 from backends.limiter import AdaptiveLimiter, backoff_delay
 from backends.redact import Redactor, endpoint_name
+from backends.scoring import ScoringUnsupported, TokenLogprob, decode, encode
 from backends.stats import Stats
 from backends.types import ChatRequest, Completion
 
 log = logging.getLogger("trajforge.backends")
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class LLM(ABC):
@@ -66,6 +68,11 @@ class LLM(ABC):
 
     async def _close(self) -> None:
         """Release transport/engine resources."""
+
+    async def _prompt_logprobs(self, request: ChatRequest, endpoint: int = 0) -> list[TokenLogprob]:
+        """One raw scoring call (to `endpoint`, as in `_complete_at`): the logprob of every prompt token.
+        Backends that can score override it."""
+        raise ScoringUnsupported(f"the {self.backend_name} backend cannot score prompts (no prompt logprobs)")
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -114,6 +121,28 @@ class LLM(ABC):
         assert request is not None
         self._give_up(request, "invalid_structured_output", problem, self.config.structured_attempts)
         return None
+
+    async def prompt_logprobs(self, messages: list[dict[str, Any]]) -> list[TokenLogprob]:
+        """The model's log-probability of every token of `messages` (teacher forcing; nothing generated).
+
+        Cached like any call (a re-run asks nothing twice). Raises `ScoringUnsupported` when the
+        backend or its server cannot score, `LLMRequestError` when the call is given up.
+        """
+        request = self._build(messages, None, None, 1, {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}, None)
+        key = self.request_key(request)
+        self.stats.requests += 1
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is not None:
+            self.stats.cache_hits += 1
+            return decode(hit.text)
+        try:
+            tokens = await self._with_retries(lambda endpoint: self._prompt_logprobs(request, endpoint))
+        except BackendError as err:
+            raise self._give_up(request, err.kind, str(err), getattr(err, "attempts", 1)) from None
+        self.stats.prompt_tokens += len(tokens)
+        if self.cache is not None:  # the score rides in a completion's text: one cache for every call
+            await self.cache.commit([(key, Completion(encode(tokens), finish_reason="prompt_logprobs"))])
+        return tokens
 
     def print_summary(self, console: Any = None) -> None:
         self.stats.print_summary(f"LLM usage ({self.backend_name}:{self.config.model})", console)
@@ -246,9 +275,22 @@ class LLM(ABC):
         return results  # type: ignore[return-value]
 
     async def _call_with_retries(self, request: ChatRequest) -> list[Completion]:
-        """Raw calls until one answers. A call that fails because its endpoint is down goes at once to
-        another endpoint that has not failed it (not a retry: the request did nothing wrong); once
-        every endpoint has, the failure counts as an attempt, with backoff."""
+        async def call(endpoint: int) -> list[Completion]:
+            completions = await self._complete_at(endpoint, request)
+            self._validate(request, completions)
+            return completions
+
+        completions = await self._with_retries(call)
+        self._count_tokens(completions)
+        return completions
+
+    async def _with_retries(self, call: Callable[[int], Awaitable[T]]) -> T:
+        """`call(endpoint)` in a slot of an endpoint and under the timeout, until one answers.
+
+        A call that fails because its endpoint is down goes at once to another endpoint that has not
+        failed it (not a retry: the request did nothing wrong); once every endpoint has, the failure
+        counts as an attempt, retried with backoff while it is retryable.
+        """
         cfg = self.config
         attempt = 0
         tried: set[int] = set()  # endpoints that failed this request since its last counted attempt
@@ -261,8 +303,10 @@ class LLM(ABC):
                 self.stats.calls += 1
                 try:
                     async with asyncio.timeout(cfg.request_timeout_s):
-                        completions = await self._complete_at(ep.index, request)
-                    self._validate(request, completions)
+                        value = await call(ep.index)
+                except CapabilityError:
+                    self.balancer.released(ep)
+                    raise
                 except Exception as exc:
                     err = self._classify(exc)
                     self.balancer.failed(ep, epoch, err.kind)
@@ -277,12 +321,16 @@ class LLM(ABC):
                     raise
                 else:
                     self.balancer.succeeded(ep)
-                    for c in completions:
-                        self.stats.prompt_tokens += c.usage.prompt_tokens
-                        self.stats.completion_tokens += c.usage.completion_tokens
-                    return completions
+                    return value
             tried.clear()
             if not err.retryable or attempt >= cfg.max_retries:
+                cut = getattr(err, "completions", None) if err.kind == "truncated" else None
+                if cut is not None:
+                    # Still cut short after the retries: handed back with finish_reason=length,
+                    # for the caller to record as truncated (never as a whole answer).
+                    self.stats.truncated += 1
+                    log.warning("answer still cut short after %d attempt(s): returned as truncated", attempt + 1)
+                    return cut
                 err.attempts = attempt + 1  # type: ignore[attr-defined]
                 raise err from None
             delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, err.retry_after, self._rng)
@@ -290,6 +338,11 @@ class LLM(ABC):
             self.stats.retries += 1
             log.debug("retry %d after %s (%s); sleeping %.3fs", attempt, err.kind, err, delay)
             await asyncio.sleep(delay)  # outside any slot: waiting must not hold capacity
+
+    def _count_tokens(self, completions: list[Completion]) -> None:
+        for c in completions:
+            self.stats.prompt_tokens += c.usage.prompt_tokens
+            self.stats.completion_tokens += c.usage.completion_tokens
 
     def _classify(self, exc: Exception) -> BackendError:
         if isinstance(exc, BackendError):
@@ -302,21 +355,21 @@ class LLM(ABC):
 
     @staticmethod
     def _validate(request: ChatRequest, completions: list[Completion]) -> None:
-        """Reject answers that are broken in transit so they are retried instead of cached."""
+        """Reject answers that are broken in transit or cut short so they are retried instead of
+        cached. A cut answer (finish_reason=length) travels with the error: once the retries are
+        spent it is returned as such, so callers can tell it from a whole answer."""
         if len(completions) != request.n:
             raise BackendError("malformed", f"expected {request.n} choices, got {len(completions)}")
         for c in completions:
+            if c.finish_reason == "length":
+                err = BackendError("truncated", "answer cut off at the token limit (finish_reason=length)")
+                err.completions = completions  # type: ignore[attr-defined]
+                raise err
             for call in c.tool_calls:
                 try:
                     orjson.loads(call.arguments)
                 except orjson.JSONDecodeError:
-                    kind = "truncated" if c.finish_reason == "length" else "malformed"
-                    raise BackendError(kind, f"tool call {call.name!r} has invalid JSON arguments") from None
-            if request.response_format is not None and c.finish_reason == "length":
-                try:
-                    extract_json(c.text)
-                except ValueError:
-                    raise BackendError("truncated", "structured answer cut off (finish_reason=length)") from None
+                    raise BackendError("malformed", f"tool call {call.name!r} has invalid JSON arguments") from None
 
     def _give_up(self, request: ChatRequest, kind: str, message: str, attempts: int) -> LLMRequestError:
         key = self.request_key(request)

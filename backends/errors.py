@@ -53,3 +53,10 @@ class LLMRequestError(Exception):
         self.key = key
         self.kind = kind
         self.attempts = attempts
+
+
+class CapabilityError(Exception):
+    """The backend or its server lacks what the caller asked for (e.g. prompt logprobs).
+
+    Not a transient failure: never retried, never ledgered; callers fall back and say so.
+    """

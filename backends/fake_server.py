@@ -33,6 +33,10 @@ class ToolCallAnswer:
     arguments: dict[str, Any] | str
 
 
+class Samples(list):  # type: ignore[type-arg]
+    """One answer per sample of an n-sample request (sample i gets item i mod len)."""
+
+
 @dataclass(slots=True)
 class Fault:
     """An answer that is a failure: one of FAULT_KINDS, or an HTTP status code as a string."""
@@ -85,6 +89,10 @@ class FakeServerConfig:
     model: str = "fake-model"
     keep_log: bool = True
     log_path: str | None = None
+    # vLLM's `prompt_logprobs`: when a request asks for them, the answer carries one entry per prompt
+    # token (whitespace-split contents between chat markers), each with this logprob: a number, or
+    # fn(request JSON) -> number. None: the parameter is ignored, as servers other than vLLM do.
+    prompt_logprob: float | Callable[[dict[str, Any]], float] | None = -1.0
 
 
 def _last_user(messages: list[dict[str, Any]]) -> str:
@@ -209,7 +217,8 @@ class FakeServer:
 
         n = int(body.get("n") or 1)
         truncated = fault == "truncated"
-        choices = [_choice(i, answer, last_user, truncated) for i in range(n)]
+        per_sample = answer if isinstance(answer, Samples) and answer else [answer]
+        choices = [_choice(i, per_sample[i % len(per_sample)], last_user, truncated) for i in range(n)]
         prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
         completion_tokens = sum(len((c["message"]["content"] or "").split()) + 1 for c in choices)
         payload = {
@@ -224,6 +233,9 @@ class FakeServer:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+        if body.get("prompt_logprobs") is not None and cfg.prompt_logprob is not None:
+            value = cfg.prompt_logprob(body) if callable(cfg.prompt_logprob) else cfg.prompt_logprob
+            payload["prompt_logprobs"] = prompt_logprobs(messages, float(value))
         if entry["outcome"] == "pending":
             entry["outcome"] = "truncated" if truncated else "ok"
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
@@ -299,6 +311,18 @@ def _error(status: int, message: str, retry_after: float | None = None) -> web.R
     headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
     body = orjson.dumps({"error": {"message": message, "type": "fake_error", "code": status}})
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def prompt_logprobs(messages: list[dict[str, Any]], logprob: float) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM-shaped prompt logprobs of a ChatML-like rendering: `<|im_start|>role\n`, the content in
+    word and space tokens, `<|im_end|>\n`; the first token has none, every other `logprob`."""
+    pieces: list[str] = []
+    for m in messages:
+        pieces.append(f"<|im_start|>{m.get('role', 'user')}\n")
+        pieces += re.findall(r"\S+|\s+", str(m.get("content") or ""))
+        pieces.append("<|im_end|>\n")
+    return [None if i == 0 else {str(i): {"logprob": logprob, "rank": 1, "decoded_token": p}}
+            for i, p in enumerate(pieces)]
 
 
 def _choice(index: int, answer: Any, last_user: str, truncated: bool) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 from backends.base import LLM
 from backends.config import LLMConfig
 from backends.emulation import prepare, to_completion
+from backends.scoring import ScoringUnsupported, TokenLogprob
 from backends.types import ChatRequest, Completion, Usage
 
 INSTALL_HINT = (
@@ -56,6 +57,9 @@ class LlamaCppLLM(LLM):
             verbose=False,
         )
         self._lock = threading.Lock()
+        # Scoring needs the logits of every prompt position (logits_all), which slows generation and
+        # holds n_ctx x vocabulary floats: a second instance of the same weights, made on first use.
+        self._scorer: Any = None
 
     async def _complete(self, request: ChatRequest) -> list[Completion]:
         return await asyncio.to_thread(self._complete_sync, request)
@@ -78,8 +82,36 @@ class LlamaCppLLM(LLM):
             out.append(to_completion(choice["message"].get("content") or "", choice.get("finish_reason"), u, tool_call))
         return out
 
+    async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
+        return await asyncio.to_thread(self._prompt_logprobs_sync, request)
+
+    def _prompt_logprobs_sync(self, request: ChatRequest) -> list[TokenLogprob]:
+        """The chat template applied to the messages, then llama.cpp's echoed logprobs of the prompt."""
+        import llama_cpp
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        with self._lock:
+            if self._scorer is None:
+                self._scorer = llama_cpp.Llama(model_path=self.model_path, n_ctx=self.config.n_ctx, logits_all=True,
+                                               n_threads=self.config.n_threads or max(1, (os.cpu_count() or 2)),
+                                               verbose=False)
+            scorer = self._scorer
+            template = scorer.metadata.get("tokenizer.chat_template")
+            if not template:
+                raise ScoringUnsupported(f"{self.model_path} has no chat template to render the conversation with")
+            special = {name: scorer.detokenize([tok], special=True).decode("utf-8", "replace")
+                       for name, tok in (("eos_token", scorer.token_eos()), ("bos_token", scorer.token_bos()))}
+            prompt = Jinja2ChatFormatter(template, **special)(messages=request.messages).prompt
+            resp = scorer.create_completion(prompt, max_tokens=1, logprobs=1, echo=True, temperature=0.0)
+        logprobs = resp["choices"][0]["logprobs"]
+        n = len(logprobs["tokens"]) - int((resp.get("usage") or {}).get("completion_tokens", 1))
+        return [TokenLogprob(str(t), None if lp is None else float(lp))
+                for t, lp in zip(logprobs["tokens"][:n], logprobs["token_logprobs"][:n])]
+
     async def _close(self) -> None:
         llama, self._llama = self._llama, None
-        if llama is not None:
-            with self._lock:
-                llama.close()
+        scorer, self._scorer = self._scorer, None
+        with self._lock:
+            for model in (llama, scorer):
+                if model is not None:
+                    model.close()

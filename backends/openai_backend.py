@@ -16,6 +16,7 @@ from backends.base import LLM
 from backends.config import LLMConfig
 from backends.errors import BackendError, kind_for_status, parse_retry_after
 from backends.http_client import HTTPClient, Unsupported
+from backends.scoring import ScoringUnsupported, TokenLogprob, parse_prompt_logprobs
 from backends.types import ChatRequest, Completion, ToolCall, split_usage
 
 log = logging.getLogger("trajforge.backends")
@@ -102,22 +103,43 @@ class OpenAILLM(LLM):
             # chat resources lazily, on first use.
             import openai.resources.chat  # noqa: F401
 
-    # ---- lean HTTP transport ------------------------------------------------------------------
-
     async def _complete(self, request: ChatRequest) -> list[Completion]:
         return await self._complete_at(0, request)
 
     async def _complete_at(self, endpoint: int, request: ChatRequest) -> list[Completion]:
+        return parse_body(await self._send(self._servers[endpoint], build_payload(self.config.model, request)))
+
+    async def _prompt_logprobs(self, request: ChatRequest, endpoint: int = 0) -> list[TokenLogprob]:
+        """vLLM's `prompt_logprobs` (the request's params carry it); other servers ignore or refuse it."""
         server = self._servers[endpoint]
+        try:
+            body = await self._send(server, build_payload(self.config.model, request))
+        except BackendError as err:
+            if err.status in (400, 422):  # hosted APIs refuse unknown parameters
+                raise ScoringUnsupported(f"{self.redact(server.base_url)} refused prompt_logprobs: {err}") from None
+            raise
+        try:
+            entries = orjson.loads(body).get("prompt_logprobs")
+        except (orjson.JSONDecodeError, AttributeError):
+            raise BackendError("malformed", "unparseable response body") from None
+        if entries is None:
+            raise ScoringUnsupported(f"{self.redact(server.base_url)} returned no prompt_logprobs: the server does "
+                                     "not support vLLM's prompt_logprobs parameter")
+        return parse_prompt_logprobs(entries)
+
+    # ---- lean HTTP transport ------------------------------------------------------------------
+
+    async def _send(self, server: _Server, payload: dict[str, Any]) -> bytes:
+        """POST one chat-completions payload to `server`; the response body of a 200 answer."""
         if server.use_sdk or server.http is None:
-            return await self._complete_sdk(server, request)
-        body = orjson.dumps(build_payload(self.config.model, request))
+            return await self._send_sdk(server, payload)
+        body = orjson.dumps(payload)
         try:
             resp = await server.http.post(body)
         except Unsupported as exc:
             log.info("%s from %s: using the openai SDK transport from now on", exc, self.redact(server.base_url))
             server.use_sdk = True
-            return await self._complete_sdk(server, request)
+            return await self._send_sdk(server, payload)
         except OSError as exc:  # refused, reset or cut-off connections; the request may be resent
             raise BackendError("connection", self.redact(f"{type(exc).__name__}: {exc}")) from None
         if resp.status != 200:
@@ -127,7 +149,7 @@ class OpenAILLM(LLM):
                 status=resp.status,
                 retry_after=parse_retry_after(resp.headers.get("retry-after")),
             )
-        return parse_body(resp.body)
+        return resp.body
 
     # ---- openai SDK transport -----------------------------------------------------------------
 
@@ -144,10 +166,10 @@ class OpenAILLM(LLM):
             )
         return server.sdk
 
-    async def _complete_sdk(self, server: _Server, request: ChatRequest) -> list[Completion]:
+    async def _send_sdk(self, server: _Server, payload: dict[str, Any]) -> bytes:
         import openai
 
-        payload = build_payload(self.config.model, request)
+        payload = dict(payload)
         extra = {k: payload.pop(k) for k in list(payload) if k not in _SDK_PARAMS and k not in
                  ("model", "messages", "n", "tools", "tool_choice", "response_format")}
         try:
@@ -163,10 +185,62 @@ class OpenAILLM(LLM):
             raise BackendError("timeout", "SDK request timed out") from None
         except openai.APIConnectionError as exc:
             raise BackendError("connection", self.redact(f"connection error: {exc}")) from None
-        # Parse the raw body ourselves: same code path as the lean transport, and malformed
+        # The raw body is parsed by the caller: same code path as the lean transport, and malformed
         # bodies surface as retryable errors instead of SDK validation exceptions.
-        return parse_body(raw.content)
+        return raw.content
 
     async def _close(self) -> None:
         for server in self._servers:
             await server.close()
+
+
+def endpoint_problem(config: LLMConfig, timeout_s: float = 10.0) -> str | None:
+    """Why the configured OpenAI-compatible endpoints cannot serve a job (None when one answers).
+
+    One cheap `GET {base_url}/models` per endpoint before a job starts, so a wrong or unreachable
+    URL is one line instead of every task failing: not an http(s) URL, no connection (refused,
+    unknown host, timeout), or credentials refused (401/403). Any other answer, 404 included (some
+    servers have no /models), counts as reachable. With several endpoints, one that answers is
+    enough (the others are taken out and probed during the job); the line names them all. Keys go
+    only in the Authorization header and are redacted from what is said.
+    """
+    from backends.redact import Redactor
+
+    redact = Redactor(config.api_keys())
+    problems = []
+    for ep in config.endpoint_list():
+        problem = _endpoint_problem((ep.base_url or "https://api.openai.com/v1").rstrip("/"),
+                                    ep.api_key(config.api_key_env), ep.api_key_env or config.api_key_env,
+                                    redact, timeout_s)
+        if problem is None:
+            return None
+        problems.append(problem)
+    return "; ".join(problems)
+
+
+def _endpoint_problem(base: str, key: str | None, key_env: str | None, redact: Any, timeout_s: float) -> str | None:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = urllib.parse.urlsplit(base)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"llm.base_url {redact(base)!r} is not an http(s) URL (e.g. http://localhost:8000/v1)"
+    try:
+        url.port  # noqa: B018 - raises on a malformed port
+    except ValueError as exc:
+        return f"llm.base_url {redact(base)!r} is malformed ({exc})"
+    request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+    # No proxies from the environment: the job's own clients do not use them either.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return f"llm.base_url {redact(base)}: the server refused the credentials (HTTP {exc.code}; " \
+                   f"check {key_env or 'the API key'})"
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"llm.base_url {redact(base)}: cannot reach the server ({redact(str(reason))})"

@@ -16,6 +16,7 @@ class Stats:
     retries: int = 0
     failovers: int = 0  # calls resent at once to another endpoint after theirs failed
     failures: int = 0  # requests given up and written to the ledger
+    truncated: int = 0  # answers still cut short (finish_reason=length) after the retries, returned as such
     prompt_tokens: int = 0
     completion_tokens: int = 0
     # Per endpoint, by URL; only for configs with several endpoints.

@@ -91,7 +91,7 @@ def export_rows(name: str, payload: dict[str, Any]) -> list[Figure]:
     for r in rows:
         n = f"{r['records']:,}"
         out.append(Figure(name, f"trl-sft export, {n} records", r["export_records_per_s"], "records/s",
-                          r["pyarrow_records_per_s"], "bare pyarrow read"))
+                          r["pyarrow_records_per_s"], "bare pyarrow read", r.get("target", ""), r.get("passed")))
         out.append(Figure(name, f"peak RSS, {n} records", r["export_peak_rss_mb"], "MiB",
                           r["pyarrow_peak_rss_mb"], "bare pyarrow read"))
     if len(rows) > 1:
@@ -145,8 +145,12 @@ SUITE: tuple[Benchmark, ...] = (
               ("--sizes", "250000,500000,1000000", "--datatrove-max", "250000")),
     Benchmark("export", "benchmarks.export", ("--sizes", "10000,30000,100000"), ("--sizes", "100000,300000,1000000"),
               extract=export_rows),
+    # The target is about 1M trajectories, so both sizes are 1M (about 2 minutes on 2 cores).
+    Benchmark("viewer", "benchmarks.viewer", ("--records", "1000000"), ("--records", "1000000")),
     Benchmark("portable", "benchmarks.portable", ("--records", "20000"), ("--records", "100000")),
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
+    Benchmark("envs", "benchmarks.envs", (), ("--calls", "2000", "--episodes", "192", "--steps", "600",
+                                              "--browser-episodes", "64")),
 )
 
 

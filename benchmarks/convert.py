@@ -9,7 +9,7 @@ sample_std records repeated with unique ids; default 20,000, about 500 MiB; use
       `pick_losers`, `write_unit`: exactly what the pipeline's steps run, minus Beam);
   (c) the full Beam pipeline (`run_convert`, what `trajforge convert` runs: FnApiRunner with its
       default worker processes, one per core from 40,000 records; `--workers N` to choose).
-The target applies to (c)/(a), the throughput a user gets; (b)/(a) is the per-core figure, also
+Targets: (c)/(a) >= 0.5, the throughput a user gets; (b)/(a) >= 0.3, the per-core figure, also
 given in CPU seconds of this process, which a busy machine disturbs less.
 """
 
@@ -31,13 +31,23 @@ from benchmarks._common import peak_rss_mb, print_rows, row, write_results
 ROOT = Path(__file__).resolve().parent.parent
 
 TARGET = 0.5
+TARGET_ONE_PROCESS = 0.3
 REFERENCE = "parse-only: orjson.loads per line, 1 process"
 ADP_DIR = ROOT / "samples" / "adp"
+# The standardized samples the input cycles through: a fixed set, so results stay comparable as
+# samples of more datasets ship (these 19 are 25 KB per record on average).
+DATASETS = (
+    "agenttuning_alfworld", "agenttuning_db", "agenttuning_kg", "agenttuning_os", "agenttuning_webshop",
+    "android_in_the_wild", "code_feedback", "codeactinstruct", "go-browse-wa", "llava_plus", "mini-coder",
+    "nebius_SWE-agent-trajectories", "nnetnav-wa", "orca_agentinstruct", "swe-gym_openhands_sampled_trajectories",
+    "swe-smith", "synatra", "toucan_1_5m", "webarena_successful",
+)
 
 
 def build_input(path: Path, n: int, adp_dir: Path = ADP_DIR) -> int:
     """N records cycling through the ADP samples, each with a unique id; returns bytes written."""
-    samples = [r for f in sorted(adp_dir.glob("*/sample_std.json")) for r in orjson.loads(f.read_bytes())]
+    files = [adp_dir / name / "sample_std.json" for name in DATASETS]
+    samples = [r for f in files if f.exists() for r in orjson.loads(f.read_bytes())]
     if not samples:
         raise SystemExit(f"no ADP samples under {adp_dir}")
     with open(path, "wb") as fh:
@@ -72,7 +82,7 @@ def conversion_path(
     from pipelines.inputs import plan_chunks
     from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, Dataset
 
-    fn = get_converter(source).fn
+    info = get_converter(source)
     t0, c0 = time.perf_counter(), time.process_time()
     ds = Dataset.create(out, stage="convert", overwrite=True)
     spill = out / ".tmp-bench-spill"
@@ -84,7 +94,7 @@ def conversion_path(
     phases["plan"] = time.perf_counter() - t
     t = time.perf_counter()
     limits = {"max_rows": DEFAULT_MAX_ROWS, "max_bytes": DEFAULT_MAX_BYTES}
-    results = [convert_chunk(chunk, fn, ds, spill, **limits) for chunk in chunks]
+    results = [convert_chunk(chunk, info, ds, spill, **limits) for chunk in chunks]
     phases["read+parse+convert+batch+stage shards"] = time.perf_counter() - t
     t = time.perf_counter()
     by_id: dict[str, list[Any]] = {}
@@ -108,35 +118,40 @@ def conversion_path(
 def converter_share(path: Path, source: str, sample: int = 2000) -> dict[str, float]:
     """Microseconds per record of each step on the first `sample` records (explains the ratio).
 
-    Records stream through as in the pipeline (parse, convert, add to the batch, one at a time);
-    timed on a second pass: the first pays for touching fresh memory, once per process.
+    Records stream through as in the pipeline (parse; the row without models where the converter
+    builds one, else the converter's model and its row; one at a time), timed on a second pass:
+    the first pays for touching fresh memory, once per process.
     """
     from converters.registry import get_converter
     from pipelines.columns import BatchBuilder
 
-    fn = get_converter(source).fn
+    info = get_converter(source)
     clock = time.perf_counter
     with open(path, "rb") as fh:
         lines = [line for line in itertools.islice(fh, sample) if line.strip()]
     timings: dict[str, float] = {}
     for _ in range(2):
-        spent = [0.0, 0.0, 0.0, 0.0]
+        spent = [0.0, 0.0, 0.0]
         builder = BatchBuilder()
+        models = 0
         for line in lines:
             t0 = clock()
             raw = orjson.loads(line)
             t1 = clock()
-            traj = fn(raw)
-            t2 = clock()
-            builder.add(traj)
+            row = info.to_row(raw) if info.to_row is not None else None
+            if row is None:
+                builder.add(info.fn(raw))
+                models += 1
+            else:
+                builder.add_row(row)
             spent[0] += t1 - t0
-            spent[1] += t2 - t1
-            spent[2] += clock() - t2
+            spent[1] += clock() - t1
         t = clock()
         builder.finish()
-        spent[3] = clock() - t
+        spent[2] = clock() - t
         per = 1e6 / len(lines)
-        timings = {name: round(v * per) for name, v in zip(("parse_us", "converter_us", "rows_us", "arrow_us"), spent)}
+        timings = {name: round(v * per) for name, v in zip(("parse_us", "convert_us", "arrow_us"), spent)}
+        timings["through_models"] = models
     return timings
 
 
@@ -180,13 +195,14 @@ def main(argv: list[str] | None = None) -> None:
         ratio = path_rate / parse_rate
         cpu_ratio = cpu_parse / cpu_path
         print(f"(b) conversion path (1 process): {path_rate:,.0f} records/s ({t_path:.1f}s; {phases}); "
-              f"ratio {ratio:.2f}; in CPU seconds {cpu_ratio:.2f}")
+              f"ratio {ratio:.2f} (target >= {TARGET_ONE_PROCESS}); in CPU seconds {cpu_ratio:.2f}")
         shutil.rmtree(tmp / "out-path")
 
         beam: dict[str, Any] = {}
         rows = [
             row("parse-only (reference)", parse_rate, "records/s"),
-            row("conversion path, 1 process (per core)", path_rate, "records/s", parse_rate, REFERENCE),
+            row("conversion path, 1 process (per core)", path_rate, "records/s", parse_rate, REFERENCE,
+                f">= {TARGET_ONE_PROCESS}", ratio >= TARGET_ONE_PROCESS),
         ]
         if args.workers >= 0:
             counts_b, t_beam, used = beam_pipeline(path, tmp / "out-beam", args.source, args.chunk_size, args.workers)

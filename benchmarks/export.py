@@ -1,14 +1,17 @@
 """Export benchmark: trl-sft export throughput and peak RSS at growing sizes (a scaling curve).
 
-For each size N it builds N synthetic trajectories (a user task, then 5-30 steps from a pool),
-then, each in a fresh child process so peak RSS is that run's alone:
-- `export`: `trajforge export --format trl-sft` (records/s, peak RSS);
+For each size N it builds N synthetic trajectories (a user task, then 5-30 steps from a pool;
+success true or unknown, so the default export renders every one), then, each in a fresh child
+process so peak RSS is that run's alone:
+- `export`: `trajforge export --format trl-sft` with its defaults (records/s, peak RSS);
 - `pyarrow`: reading the same trajectory shards with bare pyarrow (`iter_batches`), the limit
   of any reader of these files.
-It prints each row with the ratio export/pyarrow and writes `benchmarks/results/export.json`.
-Flat peak RSS across sizes is the streaming check; records/s should stay flat too.
+It prints each row (the fastest of `--repeat` alternating runs of each) with the ratio
+export/pyarrow (target: >= 0.15 at 100k records) and the load
+average of the machine around each measurement (other processes share the cores), and writes
+`benchmarks/results/export.json`. Flat peak RSS across sizes is the streaming check.
 
-    python -m benchmarks.export [--sizes 10000,50000,100000]
+    python -m benchmarks.export [--sizes 10000,100000,1000000]
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from schemas.models import TextObservation
 from schemas.store import Dataset
 
 RESULTS = Path(__file__).with_name("results") / "export.json"
+TARGET_RATIO = 0.15  # at TARGET_SIZE records
+TARGET_SIZE = 100_000
 _TASK = step_to_row(TextObservation(content="Find the order and refund it if it is late.", source="user"))
 
 
@@ -46,7 +51,7 @@ def build(path: Path, n: int, seed: int = 0) -> None:
             unit.write_row("trajectories", {
                 "id": f"bench/{i}", "source": f"source_{i % 7}",
                 "steps": [_TASK, *(pool[rng.randrange(len(pool))] for _ in range(rng.randint(5, 30)))],
-                "tools": [], "reward": rng.random(), "success": i % 3 == 0,
+                "tools": [], "reward": rng.random(), "success": True if i % 3 == 0 else None,
                 "provenance": {"method": "synthetic", "seed": seed, "parent_ids": []}, "details": None,
             })
 
@@ -84,13 +89,23 @@ def measure(fn: Any, src: Path, out: Path) -> dict[str, Any]:
     return result
 
 
-def run(sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
+def run(sizes: list[int], workdir: Path, repeat: int = 1) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
         src, out = workdir / f"src-{n}", workdir / f"out-{n}"
         build(src, n)
-        bare = measure(_read_bare, src, out)
-        exp = measure(_export, src, out)
+        load_before = os.getloadavg()[0]
+        # Alternate the two, so both see the same stretch of the machine's load; the fastest run of
+        # each counts (others share the machine: the fastest is the least disturbed), peak RSS is
+        # the largest of the runs.
+        runs: dict[Any, list[dict[str, Any]]] = {_read_bare: [], _export: []}
+        for _ in range(repeat):
+            for fn in runs:
+                shutil.rmtree(out, ignore_errors=True)
+                runs[fn].append(measure(fn, src, out))
+        bare, exp = ({**min(r, key=lambda x: x["seconds"]), "peak_rss_mb": max(x["peak_rss_mb"] for x in r)}
+                     for r in runs.values())
+        load_after = os.getloadavg()[0]
         exp_rate, bare_rate = exp["records"] / exp["seconds"], bare["records"] / bare["seconds"]
         rows.append({
             "records": n, "rows_written": exp["rows"], "skipped": exp["skipped"],
@@ -99,9 +114,13 @@ def run(sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
             "pyarrow_seconds": round(bare["seconds"], 3), "pyarrow_records_per_s": round(bare_rate, 1),
             "pyarrow_peak_rss_mb": round(bare["peak_rss_mb"], 1),
             "ratio_export_to_pyarrow": round(exp_rate / bare_rate, 5),
+            "target": f">= {TARGET_RATIO} at {TARGET_SIZE:,}" if n == TARGET_SIZE else "",
+            "passed": exp_rate / bare_rate >= TARGET_RATIO if n == TARGET_SIZE else None,
+            "load_average_1min": [round(load_before, 2), round(load_after, 2)], "repeat": repeat,
         })
         print(f"{n:>9,} records: export {exp_rate:,.0f}/s ({exp['seconds']:.1f}s, {exp['peak_rss_mb']:.0f} MiB), "
-              f"pyarrow {bare_rate:,.0f}/s ({bare['peak_rss_mb']:.0f} MiB), ratio {exp_rate / bare_rate:.4f}", flush=True)
+              f"pyarrow {bare_rate:,.0f}/s ({bare['peak_rss_mb']:.0f} MiB), ratio {exp_rate / bare_rate:.4f}, "
+              f"load {load_before:.1f} -> {load_after:.1f}", flush=True)
         shutil.rmtree(src, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
     return rows
@@ -109,11 +128,13 @@ def run(sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="10000,50000,100000", help="comma-separated record counts")
+    parser.add_argument("--sizes", default="10000,30000,100000", help="comma-separated record counts")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each measurement, alternating export and pyarrow; the fastest counts (default 3)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     with tempfile.TemporaryDirectory(prefix="trajforge-bench-export-") as tmp:
-        rows = run(sizes, Path(tmp))
+        rows = run(sizes, Path(tmp), max(1, args.repeat))
     RESULTS.parent.mkdir(exist_ok=True)
     payload = {"benchmark": "export", "format": "trl-sft", "reference": "bare pyarrow iter_batches of the same shards",
                "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 from converters._util import Builder, Ctx, py_tool
+from converters.registry import KeyField, group_consecutive
 from schemas.models import Trajectory
 
 TOOLS = [
@@ -24,16 +25,12 @@ TOOLS = [
 _SUMMARY = "In summary, the next action I will perform is"
 
 
+EPISODE_KEY = KeyField("id")
+
+
 def episodes(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     """Group consecutive step rows by `id`."""
-    current: list[dict[str, Any]] = []
-    for row in rows:
-        if current and isinstance(row, dict) and row.get("id") != current[0].get("id"):
-            yield current
-            current = []
-        current.append(row)
-    if current:
-        yield current
+    return group_consecutive(rows, EPISODE_KEY)
 
 
 def _bracket(ctx: Ctx, action: str, n: int) -> str:

@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any, Callable, Iterable, NoReturn, TypeVar
 
+import xxhash
 from pydantic import ValidationError
 
 from converters.errors import ConversionError, summarize_validation
@@ -52,18 +53,18 @@ def record_id(source: str, source_id: str | None, raw: Any) -> str:
     try:
         return stable_id(source, source_id, raw)
     except (TypeError, ValueError, UnicodeError, RecursionError):
-        digest = content_hash(raw).removeprefix("sha256:")[:12]
-        return f"{source}/{source_id}~{digest}" if source_id else f"{source}/sha256:{digest}"
+        digest = content_hash(raw).removeprefix("xxh3:")
+        return f"{source}/{source_id}~{digest[:12]}" if source_id else f"{source}/xxh3:{digest}"
 
 
 def content_hash(raw: Any) -> str:
-    """A stable name for records that carry no id (used in error messages): `sha256:<16 hex>`."""
+    """A stable name for records that carry no id (used in error messages): `xxh3:<32 hex>`."""
     try:
         text = json.dumps(raw, sort_keys=True, ensure_ascii=True, default=repr)
     except (TypeError, ValueError, RecursionError):
         text = repr(raw)
     data = text.encode("utf-8", "surrogatepass")
-    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+    return "xxh3:" + xxhash.xxh3_128_hexdigest(data)
 
 
 def _readable_id(value: Any) -> str | None:

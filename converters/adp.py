@@ -20,9 +20,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from converters.errors import ConversionError, summarize_validation
-from converters.ids import stable_id
+from converters.ids import plain_canonical_bytes, stable_id
 from converters.registry import register
-from schemas.models import ImageRef, Provenance, Trajectory
+from schemas import rows
+from schemas.models import ImageRef, Trajectory
 
 _ADP_META = "_adp"  # key in details for trajectory-level layout facts
 _KEYS = "_adp_keys"  # key in step extra: the exact key set of the source object
@@ -161,8 +162,8 @@ def step_to_adp(step: Any) -> dict[str, Any]:
     return out
 
 
-def from_adp(record: Any, source: str = "adp") -> Trajectory:
-    """Convert one ADP-standardized trajectory (first release or versioned) to the interlingua."""
+def _header(record: Any) -> tuple[str, list[Any], dict[str, Any], list[Any] | None, Any]:
+    """(id, content, details with the layout facts, tool names, schema version) of an ADP record."""
     if not isinstance(record, dict):
         raise ConversionError(f"record is {type(record).__name__}, expected an object")
     record_id = record.get("id")
@@ -183,6 +184,8 @@ def from_adp(record: Any, source: str = "adp") -> Trajectory:
         meta["tools_key"] = tool_key
         if tool_names is None:
             meta["tools_null"] = True
+        elif not isinstance(tool_names, list):
+            raise ConversionError(f"record {record_id!r}: `{tool_key}` must be a list of names")
     known = {*_TOP_KEYS, "schema_version", "available_custom_tools", "available_apis"}
     extra_top = {k: v for k, v in record.items() if k not in known}
     if extra_top:
@@ -192,6 +195,18 @@ def from_adp(record: Any, source: str = "adp") -> Trajectory:
         meta["keys"] = list(record)
     if meta:
         details[_ADP_META] = meta
+    return record_id, content, details, tool_names, version
+
+
+def _provenance(source: str, record_id: str, version: Any) -> dict[str, Any]:
+    return {"source_dataset": source, "source_id": record_id,
+            "source_format": f"adp-{version}" if version else _FIRST_RELEASE}
+
+
+def adp_dict(record: Any, source: str = "adp") -> dict[str, Any]:
+    """One ADP-standardized trajectory -> the interlingua record as a plain dict, not yet validated
+    (`from_adp` validates it with the models). Raises ConversionError for what is not ADP's layout."""
+    record_id, content, details, tool_names, version = _header(record)
     steps = []
     for index, obj in enumerate(content):
         try:
@@ -200,23 +215,70 @@ def from_adp(record: Any, source: str = "adp") -> Trajectory:
             raise ConversionError(f"record {record_id!r}: step {index}: {exc}") from None
         except (TypeError, KeyError, AttributeError, ValueError) as exc:
             raise ConversionError(f"record {record_id!r}: step {index}: malformed ({type(exc).__name__}: {exc})") from None
+    return {
+        "id": stable_id(source, record_id, record),
+        "source": source,
+        "steps": steps,
+        "tools": [{"name": name} for name in tool_names or []],
+        "provenance": _provenance(source, record_id, version),
+        "details": details,
+    }
+
+
+def _step_row(obj: Any) -> tuple[Any, ...]:
+    """One ADP step object -> its row, as `step_from_adp` + the models would make it (`schemas.rows`)."""
+    if type(obj) is not dict:
+        raise rows.Unsure
+    cls = obj.get("class_")
+    base = _BASE_SETS.get(cls) if type(cls) is str else None
+    if base is None or obj.keys() != base:  # optional or extra keys: through the step's dict
+        return rows.step_row(step_from_adp(obj))
+    # Exactly the class's keys: each is there.
+    if cls == "api_action":
+        kwargs = obj["kwargs"]
+        return rows.api_step(obj["description"], None, obj["function"], kwargs if kwargs is not None else {})
+    if cls == "code_action":
+        return rows.code_step(obj["description"], None, obj["language"], obj["content"])
+    if cls == "message_action":
+        return rows.message_step(obj["description"], None, obj["content"])
+    if cls == "text_observation":
+        return rows.text_step(obj["content"], obj["source"], obj["name"])
+    if cls == "json_observation":
+        return rows.json_step(obj["content"], obj["source"], obj["name"])
+    if cls == "image_observation":
+        return rows.image_step(rows.image(_image_from_adp(obj)))
+    screenshot = obj["image_observation"]
+    return rows.web_step(obj["url"], obj["html"], obj["axtree"],
+                         rows.image(_image_from_adp(screenshot)) if screenshot else None, obj["viewport_size"])
+
+
+def adp_row(record: Any, source: str = "adp") -> tuple[Any, ...] | None:
+    """The trajectory row `from_adp` + `pipelines.columns.BatchBuilder.add` give, built without models;
+    None where the models must decide (any doubt, any error: `from_adp` then accepts or names it).
+
+    A record plain JSON cannot hold (lone surrogates, which the models refuse in str fields; ints
+    beyond 64 bits) is left to the models too: the canonical bytes of the id tell at no extra cost.
+    """
+    canonical = plain_canonical_bytes(record)
+    if canonical is None:
+        return None
     try:
-        return Trajectory.model_validate(
-            {
-                "id": stable_id(source, record_id, record),
-                "source": source,
-                "steps": steps,
-                "tools": [{"name": name} for name in tool_names or []],
-                "provenance": Provenance(
-                    source_dataset=source,
-                    source_id=record_id,
-                    source_format=f"adp-{version}" if version else _FIRST_RELEASE,
-                ),
-                "details": details,
-            }
+        record_id, content, details, tool_names, version = _header(record)
+        return rows.trajectory_row(
+            stable_id(source, record_id, record, canonical), source, list(map(_step_row, content)),
+            [{"name": name} for name in tool_names or []], None, None, _provenance(source, record_id, version), details,
         )
+    except (rows.Unsure, ConversionError, TypeError, KeyError, AttributeError, ValueError, RecursionError):
+        return None
+
+
+def from_adp(record: Any, source: str = "adp") -> Trajectory:
+    """Convert one ADP-standardized trajectory (first release or versioned) to the interlingua."""
+    obj = adp_dict(record, source)
+    try:
+        return Trajectory.model_validate(obj)
     except ValidationError as exc:
-        raise ConversionError(f"record {record_id!r}: {_summarize(exc)}") from None
+        raise ConversionError(f"record {record['id']!r}: {_summarize(exc)}") from None
 
 
 def to_adp(t: Trajectory) -> dict[str, Any]:
@@ -245,6 +307,6 @@ def _summarize(exc: ValidationError) -> str:
     return summarize_validation(exc)
 
 
-@register("adp", sources=["neulab/agent-data-protocol (standardized)"])
+@register("adp", sources=["neulab/agent-data-protocol (standardized)"], to_row=adp_row)
 def convert(record: Any) -> Trajectory:
     return from_adp(record)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 from converters._util import Builder, Ctx, guarded, py_tool
-from converters.registry import register
+from converters.registry import KeyField, group_consecutive, register
 from schemas.models import Trajectory
 
 NAME = "android_in_the_wild"
@@ -39,16 +39,12 @@ TOOLS = [
 _NUM = (int, float)
 
 
+EPISODE_KEY = KeyField("episode_id")
+
+
 def episodes(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     """Group consecutive step rows by `episode_id`."""
-    current: list[dict[str, Any]] = []
-    for row in rows:
-        if current and isinstance(row, dict) and row.get("episode_id") != current[0].get("episode_id"):
-            yield current
-            current = []
-        current.append(row)
-    if current:
-        yield current
+    return group_consecutive(rows, EPISODE_KEY)
 
 
 def _point(ctx: Ctx, row: dict, key: str, where: str) -> list[float]:
@@ -58,7 +54,7 @@ def _point(ctx: Ctx, row: dict, key: str, where: str) -> list[float]:
     return value
 
 
-@register(NAME, sources=[DATASET])
+@register(NAME, sources=[DATASET], episode_key=EPISODE_KEY)
 @guarded(("episode_id",))
 def convert(record: Any) -> Trajectory:
     rows = record if isinstance(record, list) else [record]

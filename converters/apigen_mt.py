@@ -10,7 +10,7 @@ Mapping (our choice): `system` is the first step, a text observation with source
 and name "system"; human turns are user text; gpt turns are message actions (a leading
 `<think>...</think>` goes to `reasoning`); each function_call is an api action with parsed
 arguments and a generated `tool_call_id` ("call_<n>"); observations are environment text named
-after the tool and linked to the oldest unanswered call. The id is `apigen_mt/sha256:<hash>` of
+after the tool and linked to the oldest unanswered call. The id is `apigen_mt/xxh3:<hash>` of
 the record (an `id` field is used when present). Truncated / invalid JSON raises ConversionError.
 """
 

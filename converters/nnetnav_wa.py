@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from converters._nnetnav import convert_episode, episodes  # noqa: F401  (episodes is part of the API)
+from converters._nnetnav import EPISODE_KEY, convert_episode, episodes  # noqa: F401  (episodes is part of the API)
 from converters._util import guarded
 from converters.registry import register
 from schemas.models import Trajectory
@@ -28,7 +28,7 @@ NAME = "nnetnav-wa"
 DATASET = "stanfordnlp/nnetnav-wa"
 
 
-@register(NAME, sources=[DATASET])
+@register(NAME, sources=[DATASET], episode_key=EPISODE_KEY)
 @guarded(("id",))
 def convert(record: Any) -> Trajectory:
     return convert_episode(record, NAME, DATASET)

@@ -35,16 +35,18 @@ def items(group: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield {**item, "_index": i} if isinstance(item, dict) else item
 
 
-def episodes(groups: Iterable[Any]) -> Iterator[dict[str, Any]]:
+def split_row(row: Any) -> list[Any]:
+    """One raw row as ADP ships it (a session's list of items) -> its items; any other row is one record."""
+    return list(items(row)) if isinstance(row, list) else [row]
+
+
+def episodes(groups: Iterable[Any]) -> Iterator[Any]:
     """Raw rows as ADP ships them (one list per session) -> one record per item."""
     for group in groups:
-        if isinstance(group, list):
-            yield from items(group)
-        else:
-            yield group
+        yield from split_row(group)
 
 
-@register(NAME, sources=[DATASET])
+@register(NAME, sources=[DATASET], split_row=split_row)
 @guarded(("session_id",))
 def convert(record: Any) -> Trajectory:
     ctx = Ctx(record, ("session_id",), require_id=True)

@@ -12,7 +12,7 @@ Follows ADP's `datasets/synatra/raw_to_standardized.py` (+ its trajectory.py par
 with the objective, one web observation (axtree = observation + "# Previous Actions" history with
 element_id renamed bid; url = website) and one api action (ADP's quoted-string arguments; thought =
 sub-task / step / summary lines). The source has no id (ADP numbered records by position), so the
-trajectory id is `synatra/sha256:<hash>` of the record. `hover(...)` is mapped like click (ADP's script rejects it).
+trajectory id is `synatra/xxh3:<hash>` of the record. `hover(...)` is mapped like click (ADP's script rejects it).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """The child side of the sandbox: confine this interpreter, run the untrusted code, report a sealed result.
 
-Run as `python -I -S -B _sandbox_runner.py JOB.json` by envs.sandbox; standard library only.
+Run as `python -I -S -B _sandbox_runner.py RUN_ID` by envs.sandbox (under bubblewrap unless the
+caller opted out), the job arriving as JSON on stdin; standard library only.
 
 Two threads with different trust:
-- the main thread reads (and deletes) the job, does everything that needs privileges (network
-  namespace, rlimits), installs the guards and the audit hook, then waits; at the end it encodes
-  the result, seals it with HMAC-SHA256 under the per-run key and writes it to the inherited fd;
+- the main thread reads the job, then does everything that needs privileges or native calls
+  (rlimits, the seccomp filter, no-new-privileges, parent-death signal), installs the guards and
+  the audit hook, then waits; at the end it encodes the result, seals it with HMAC-SHA256 under
+  the per-run key and writes it to the inherited fd;
 - a worker thread runs the untrusted code. It is started on a callable made of C objects only, so
   no frame of the runner lies under the untrusted code: `f_back` ends at `_run_untrusted`, whose
   frame holds nothing secret, and the outcome reaches the main thread through a queue that nothing
@@ -47,7 +49,7 @@ _FORBIDDEN_EVENTS = frozenset({
     "socket.gethostbyname_ex", "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg",
     "os.link", "os.symlink",
     "sys._current_frames", "sys._current_exceptions", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-    "sys.settrace", "sys.setprofile", "sys.addaudithook",
+    "sys.settrace", "sys.setprofile", "sys.addaudithook", "resource.setrlimit", "resource.prlimit",
 })
 # Frame access (`sys._getframe`, these attributes) is refused on the main thread only.
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
@@ -72,30 +74,24 @@ class SandboxViolation(PermissionError):
     """Raised in place of a refused operation."""
 
 
-def _load_job(path):
-    """Read the job and delete its file: the per-run key then exists only in this process."""
-    with open(path, encoding="utf-8") as f:
-        job = json.load(f)
-    os.unlink(path)
-    return job
+def _load_job():
+    """Read the job from stdin (a pipe from the parent), then point stdin at /dev/null: the per-run
+    key exists only in this process's memory, never in a file or a readable pipe."""
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return json.loads(b"".join(chunks))
 
 
-def _try_netns(isolation):
-    """Move this process into an empty network namespace (root only; Linux)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET
-            isolation.append("netns")
-    except Exception:
-        pass
-
-
-def _prctl(isolation):
-    """Die with the parent (nothing left running) and never gain privileges through exec."""
+def _prctl(job, isolation):
+    """Die with the parent, never gain privileges through exec, then load the seccomp filter
+    (a BPF program compiled by the parent with libseccomp) for this thread and every later one."""
     try:
         import ctypes
 
@@ -104,6 +100,16 @@ def _prctl(isolation):
             isolation.append("pdeathsig")
         if libc.prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
             isolation.append("no_new_privs")
+        if job.get("seccomp"):
+            program = bytes.fromhex(job["seccomp"])
+
+            class SockFprog(ctypes.Structure):
+                _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+            buffer = ctypes.create_string_buffer(program, len(program))
+            fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+            if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+                isolation.append("seccomp")
     except Exception:
         pass
 
@@ -156,13 +162,15 @@ def _socket_guard(violations, isolation):
 def _process_guard(violations):
     """subprocess forks in C without an audit event; its C entry point refuses instead."""
     import _posixsubprocess
-    import subprocess  # noqa: F401  (pre-imported so user imports need no fresh load)
+    import subprocess  # pre-imported so user imports need no fresh load
 
     def refuse(*_a, **_k):
         violations.append("subprocess")
         raise SandboxViolation("starting processes is disabled in the sandbox")
 
+    # subprocess keeps its own reference to the C entry point: replace both.
     _posixsubprocess.fork_exec = refuse
+    subprocess._fork_exec = refuse
 
 
 def _make_resolver(getcwd, lstat, readlink):
@@ -498,26 +506,35 @@ def _start_worker(task, outcomes):
 
 
 def main():
-    job = _load_job(sys.argv[1])
+    job = _load_job()
     key = bytes.fromhex(job.pop("key"))
     isolation, violations = [], []
-    if job["netns"]:
-        _try_netns(isolation)
-    _prctl(isolation)
     os.chdir(job["scratch"])
+    if job["site_dirs"]:
+        import site
+
+        for directory in job["site_dirs"]:
+            site.addsitedir(directory)
     _rlimits(job, isolation)
-    _socket_guard(violations, isolation)
-    _process_guard(violations)
-    isolation.append("process_guard")
+    # Imported here, not first by the code on the worker thread: threading's import takes the
+    # importing thread's exit sentinel for its main-thread object, and the runner waits on the worker's.
+    import threading  # noqa: F401
+    guards = job["guards"]  # off only when a test checks the OS walls alone
+    if guards:
+        _socket_guard(violations, isolation)
+        _process_guard(violations)
+        isolation.append("process_guard")
+    _prctl(job, isolation)
     # Forget ctypes: a fresh import of it is refused by the hook, so native calls stay out of reach.
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.") or m == "_ctypes"]:
         del sys.modules[name]
-    isolation += ["audit_hook", "worker_thread", "sealed_result"]
+    isolation += ["audit_hook", "worker_thread", "sealed_result"] if guards else ["worker_thread", "sealed_result"]
     report = _make_reporter(job["result_fd"], key, job["fsize_mb"] * 1024 * 1024, isolation, violations)
     del key
     task = {k: job[k] for k in ("code", "entry", "args", "args_mode")}
     outcomes = _queue.SimpleQueue()
-    sys.addaudithook(_make_hook(job["scratch"], job["read_roots"], violations, _thread.get_ident()))
+    if guards:
+        sys.addaudithook(_make_hook(job["scratch"], job["read_roots"], violations, _thread.get_ident()))
     start = time.perf_counter()
     report(_start_worker(task, outcomes), outcomes, start)
 

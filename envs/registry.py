@@ -14,6 +14,8 @@ _BUILTIN: dict[str, str] = {
     "retail": "envs.retail.env:RetailEnv",
     "web": "envs.web.env:WebShopEnv",
     "simulated": "envs.simulated.env:SimulatedEnv",
+    "mcp": "envs.mcp.env:MCPEnv",
+    "browser": "envs.browser.env:BrowserEnv",
 }
 _REGISTRY: dict[str, EnvFactory] = {}
 
@@ -39,11 +41,16 @@ def available_envs() -> list[str]:
     return sorted(set(_REGISTRY) | set(_BUILTIN))
 
 
-def make_env(name: str, **config: Any) -> Environment:
-    """A new environment instance of kind `name`, configured with `config` (e.g. seed=0)."""
+def env_class(name: str) -> EnvFactory:
+    """The factory (usually the class) registered as `name`."""
     factory = _REGISTRY.get(name)
     if factory is None and name in _BUILTIN:
         factory = _REGISTRY.setdefault(name, _load_builtin(name))
     if factory is None:
         raise KeyError(f"unknown environment {name!r}; available: {', '.join(available_envs())}")
-    return factory(**config)
+    return factory
+
+
+def make_env(name: str, **config: Any) -> Environment:
+    """A new (unstarted) environment of kind `name`, configured with `config` (e.g. seed=0)."""
+    return env_class(name)(**config)

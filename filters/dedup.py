@@ -209,3 +209,47 @@ def components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             break
     _, dense = np.unique(label, return_inverse=True)
     return nodes, dense.astype(np.int64)
+
+
+def normalized_words(text: str) -> str:
+    """Lower-cased words of `text` joined by single spaces (punctuation and spacing do not count)."""
+    return " ".join(_WORD.findall(text.lower()))
+
+
+class NearDuplicateIndex:
+    """Texts seen so far, for online near-duplicate checks of small sets (e.g. generated task instructions).
+
+    A text is a near duplicate of a kept one when their normalized words are equal, or the MinHash
+    estimate of the Jaccard similarity of their word n-grams reaches `threshold`. A linear scan of
+    the kept signatures: meant for thousands of texts, not the corpus-scale dedup of `pipelines`.
+    """
+
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, ngram: int = 3, num_perm: int = DEFAULT_NUM_PERM) -> None:
+        self.threshold = threshold
+        self.signer = Signer(num_perm, ngram)
+        self._keys: list[str] = []
+        self._texts: list[str] = []
+        self._sigs: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def match(self, text: str, *, exclude: str | None = None) -> tuple[str, float] | None:
+        """(key of the most similar kept text, similarity) when `text` near-duplicates one, else None."""
+        norm = normalized_words(text)
+        if not self._keys:
+            return None
+        sig = self.signer.sign(norm)
+        sims = estimated_jaccard(np.stack(self._sigs), sig[None, :])
+        best: tuple[str, float] | None = None
+        for key, kept, sim in zip(self._keys, self._texts, sims.tolist()):
+            sim = 1.0 if kept == norm else sim
+            if key != exclude and sim >= self.threshold and (best is None or sim > best[1]):
+                best = (key, round(sim, 3))
+        return best
+
+    def add(self, key: str, text: str) -> None:
+        norm = normalized_words(text)
+        self._keys.append(key)
+        self._texts.append(norm)
+        self._sigs.append(self.signer.sign(norm))

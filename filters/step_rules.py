@@ -1,38 +1,44 @@
-"""Rule-based step verifiers for the built-in environments: they stand in for, or check, the LLM judge.
+"""Rule-based step labels: they stand in for, or measure, the LLM judge.
 
-- Any environment: a tool call is bad when its observation is an error (`Error: ...`).
-- Retail (when the trajectory records its task, see `task_of`): the trajectory is replayed in a
-  fresh environment of the same world and each database diff is compared with the task's goal
-  state (the state its reference actions lead to): an action is good when it succeeds and either
-  changes nothing or writes only goal rows and removes no goal row (so the distance to the goal
-  shrinks); bad when it errs or writes anything the goal does not have.
+Three sources, the best one a trajectory allows (`labelled`):
 
+- **replay** (retail, when the trajectory records its task, see `task_of`): the trajectory is
+  replayed in a fresh environment of the same world and each database diff is compared with the
+  task's goal state (the state its reference actions lead to): an action is good when it succeeds
+  and either changes nothing or writes only goal rows and removes no goal row (so the distance to
+  the goal shrinks); bad when it errs or writes anything the goal does not have.
+- **reference** (any other task with tau2-style reference actions, `goal["actions"]` as
+  `{name|function, arguments, compare_args?}`): a tool call is good when it matches a reference
+  action (same name, equal arguments over `compare_args`, by default the reference's own
+  arguments) or is read-only and succeeded; bad when it errs, or writes without matching a
+  reference action not already matched. Messages and code have no reference and stay unlabeled.
+  Read-only tools are named by the caller, else recognised by a leading read verb (`get_`,
+  `find_`, `list_`, `search_`, `calculate`, ...).
+- **tool_errors** (anything else): an agent step is bad iff the observation after it is an error.
+
+Replay and reference labels are ground truth to measure a judge against; tool errors are a rule.
 Masked steps (train = false: the bad segment of a spliced path, the erroneous step of a
-reflection) were taken in a branch the rest of the trajectory does not continue from, so the
-replay judges them and then restores the state from before the masked segment. Revision steps
-(`extra["kind"] == "revision"`) are thoughts, not moves, and are left unlabeled.
+reflection) were taken in a branch the rest of the trajectory does not continue from, so they are
+judged and then the state from before the masked segment is restored (the replayed world; the
+reference actions they matched). Revision steps (`extra["kind"] == "revision"`) are thoughts, not
+moves, and are left unlabeled.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Collection, Literal
 
-from envs.base import Environment, Task
+from envs.base import ACTION_KINDS, Environment, Task, is_revision
 from schemas.models import ApiAction, Step, Trajectory
-
-ACTION_KINDS = ("api", "code", "message")
 
 
 @dataclass(frozen=True)
 class RuleLabel:
     label: Literal["good", "bad"]
     reason: str
-
-
-def is_revision(step: Step) -> bool:
-    return step.extra.get("kind") == "revision"
 
 
 def task_of(traj: Trajectory) -> Task | None:
@@ -77,22 +83,22 @@ def _distance(state: dict[str, set[str]], goal: dict[str, set[str]]) -> int:
     return sum(len(state[t] ^ goal[t]) for t in goal)
 
 
-def goal_state(env: Environment, task: Task) -> dict[str, set[str]]:
+async def goal_state(env: Environment, task: Task) -> dict[str, set[str]]:
     """The retail state after the task's reference actions."""
-    env.reset(task)
-    for a in task.goal.get("actions", []):
-        env.step(ApiAction(function=a["function"], arguments=a["arguments"]))
+    await env.reset(task)
+    for ref in reference_actions(task):
+        await env.step(ApiAction(function=ref.name, arguments=ref.arguments))
     return _rows(env)
 
 
-def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
+async def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
     """Replay in a fresh retail world: errors and moves away from the goal state are bad."""
     from envs.registry import make_env
 
     out: dict[int, RuleLabel] = {}
-    with make_env("retail", **env_config_of(traj)) as env:
-        goal = goal_state(env, task)
-        env.reset(task)
+    async with make_env("retail", **env_config_of(traj)) as env:
+        goal = await goal_state(env, task)
+        await env.reset(task)
         before_masked = None
         for i, step in enumerate(traj.steps):
             if step.kind not in ACTION_KINDS or is_revision(step):
@@ -102,11 +108,11 @@ def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
             elif step.train and before_masked is not None:
                 env.restore(before_masked)  # the trajectory continues from before the masked branch
                 before_masked = None
-            if env.done:  # type: ignore[attr-defined]
+            if env.done:
                 out[i] = RuleLabel("bad", "acted after the episode ended")
                 continue
             state = _rows(env)
-            result = env.step(step)  # type: ignore[arg-type]
+            result = await env.step(step)  # type: ignore[arg-type]
             err = result.info.get("error") if result.info else None
             if err:
                 out[i] = RuleLabel("bad", f"tool error: {err}")
@@ -128,12 +134,105 @@ def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
     return out
 
 
-def rule_labels(traj: Trajectory) -> dict[int, RuleLabel]:
-    """The best rules available for the trajectory: retail state diffs when its task is known, else tool errors."""
+ReferenceSource = Literal["replay", "reference", "tool_errors"]
+GROUND_TRUTH: frozenset[str] = frozenset({"replay", "reference"})
+# Leading words of tools that only read (tau2 and most tool sets name them so).
+READ_VERBS = frozenset({"get", "find", "list", "search", "lookup", "look", "read", "fetch", "query", "calculate",
+                        "check", "view", "show", "describe", "count", "think"})
+_FIRST_WORD = re.compile(r"[_\-.]|(?<=[a-z])(?=[A-Z])")
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Rule labels of a trajectory's agent steps and where they come from."""
+
+    source: ReferenceSource
+    labels: dict[int, RuleLabel]
+
+    @property
+    def ground_truth(self) -> bool:
+        return self.source in GROUND_TRUTH
+
+
+def is_read_only(tool: str, read_only: Collection[str] | None = None) -> bool:
+    """Whether `tool` only reads: named in `read_only` when given, else by its leading verb."""
+    if read_only is not None:
+        return tool in read_only
+    return _FIRST_WORD.split(tool, 1)[0].lower() in READ_VERBS
+
+
+@dataclass(frozen=True)
+class ReferenceAction:
+    name: str
+    arguments: dict[str, Any]
+    compare_args: tuple[str, ...] | None = None
+
+    def matches(self, step: Step) -> bool:
+        if step.kind != "api" or step.function != self.name:
+            return False
+        keys = self.arguments.keys() if self.compare_args is None else self.compare_args
+        return all(step.arguments.get(k) == self.arguments.get(k) for k in keys)
+
+
+def reference_actions(task: Task) -> list[ReferenceAction]:
+    """The task's tau2-style reference tool calls (`name` or `function`, `arguments`, `compare_args`)."""
+    out = []
+    for a in task.goal.get("actions") or []:
+        if isinstance(a, dict) and isinstance(a.get("name") or a.get("function"), str):
+            compare = a.get("compare_args")
+            out.append(ReferenceAction(a.get("name") or a["function"], dict(a.get("arguments") or {}),
+                                       tuple(compare) if isinstance(compare, list) else None))
+    return out
+
+
+def reference_labels(traj: Trajectory, task: Task, read_only: Collection[str] | None = None) -> dict[int, RuleLabel]:
+    """Tool calls against the task's reference actions; see the module doc."""
+    refs = reference_actions(task)
+    out: dict[int, RuleLabel] = {}
+    matched: set[int] = set()  # reference writes already done: a second one is not the reference's
+    before_masked: set[int] | None = None
+    for i, step in enumerate(traj.steps):
+        if step.kind not in ACTION_KINDS or is_revision(step):
+            continue
+        if not step.train and before_masked is None:
+            before_masked = set(matched)
+        elif step.train and before_masked is not None:
+            matched, before_masked = before_masked, None  # the masked branch was undone
+        if step.kind != "api":
+            continue
+        err = observation_error(_after(traj.steps, i))
+        if err:
+            out[i] = RuleLabel("bad", f"tool error: {err}")
+            continue
+        reads = is_read_only(step.function, read_only)
+        hit = next((j for j, ref in enumerate(refs) if ref.matches(step) and (reads or j not in matched)), None)
+        if hit is not None:
+            if not reads:
+                matched.add(hit)
+            out[i] = RuleLabel("good", f"matches reference action {hit + 1} ({step.function})")
+        elif reads:
+            out[i] = RuleLabel("good", "read-only call succeeded")
+        elif any(ref.matches(step) for ref in refs):
+            out[i] = RuleLabel("bad", f"repeats a reference write ({step.function}) already done")
+        else:
+            out[i] = RuleLabel("bad", f"a write ({step.function}) that matches no reference action")
+    return out
+
+
+async def labelled(traj: Trajectory, read_only: Collection[str] | None = None) -> Labels:
+    """The best rule labels the trajectory allows: replay (retail), reference actions, else tool errors."""
     task = task_of(traj)
-    if task is not None and task.env == "retail" and task.goal.get("actions"):
-        return retail_labels(traj, task)
-    return tool_labels(traj)
+    if task is not None and task.goal.get("actions"):
+        if task.env == "retail":
+            return Labels("replay", await retail_labels(traj, task))
+        if reference_actions(task):
+            return Labels("reference", reference_labels(traj, task, read_only))
+    return Labels("tool_errors", tool_labels(traj))
+
+
+async def rule_labels(traj: Trajectory) -> dict[int, RuleLabel]:
+    """The labels of `labelled` without their source (for callers that only need the first bad step)."""
+    return (await labelled(traj)).labels
 
 
 def first_bad(labels: dict[int, RuleLabel], start: int = 0) -> int | None:

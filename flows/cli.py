@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from flows import cmd_convert, cmd_export, cmd_fake_server, cmd_filter, cmd_generate, cmd_run, cmd_store
+from flows import (cmd_agent_r, cmd_convert, cmd_envs, cmd_export, cmd_fake_server, cmd_filter, cmd_generate,
+                   cmd_run, cmd_store, cmd_view)
 
 app = typer.Typer(
     name="trajforge",
@@ -18,6 +19,7 @@ app = typer.Typer(
 app.command("schema")(cmd_store.schema)
 app.command("validate")(cmd_store.validate)
 app.command("stats")(cmd_store.stats)
+app.command("view")(cmd_view.view)
 app.command("generate")(cmd_generate.generate)
 app.command("methods")(cmd_generate.methods)
 app.command("convert", context_settings=cmd_convert.CONTEXT_SETTINGS)(cmd_convert.convert)
@@ -31,6 +33,8 @@ app.command("demo")(cmd_run.demo)
 app.command("fake-server")(cmd_fake_server.fake_server)
 app.command("run")(cmd_run.run)
 app.command("serve")(cmd_run.serve)
+app.command("agent-r")(cmd_agent_r.agent_r)
+app.add_typer(cmd_envs.app, name="envs")
 
 
 def main() -> None:

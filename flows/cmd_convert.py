@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flows.console import console, fail
+from flows.console import beam_errors_reported_once, console, fail
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, InputError
 from schemas.store import DEFAULT_MAX_ROWS, StoreError
 
@@ -62,10 +62,11 @@ def convert(
         progress.update(written, completed=n_written, total=total)
 
     try:
-        summary = run_convert(
-            source, inputs, str(output), runner=runner, beam_args=list(ctx.args), chunk_size=chunk_size,
-            max_rows=shard_rows, overwrite=overwrite, on_progress=on_progress, workers=workers,
-        )
+        with beam_errors_reported_once():
+            summary = run_convert(
+                source, inputs, str(output), runner=runner, beam_args=list(ctx.args), chunk_size=chunk_size,
+                max_rows=shard_rows, overwrite=overwrite, on_progress=on_progress, workers=workers,
+            )
     except (ConvertError, InputError, StoreError) as exc:
         fail(str(exc))
     finally:
@@ -83,9 +84,12 @@ def print_summary(summary: object) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_row("inputs", str(len(summary.inputs)))
-    table.add_row("chunks", f"{summary.chunks} ({summary.chunks_done} done, {summary.chunks_skipped} skipped)")
+    reused = f", {summary.chunks_reused} of them converted before a kill" if summary.chunks_reused else ""
+    table.add_row("chunks", f"{summary.chunks} ({summary.chunks_done} done{reused}, {summary.chunks_skipped} skipped)")
     if summary.workers > 1:
         table.add_row("worker processes", str(summary.workers))
+    if c["rows"] and c["rows"] != c["in"]:
+        table.add_row("rows read", str(c["rows"]))
     table.add_row("records in", str(c["in"]))
     table.add_row("out", str(c["out"]))
     table.add_row("quarantined", str(c["quarantined"]))

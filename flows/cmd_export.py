@@ -14,7 +14,8 @@ from flows.console import console, fail
 
 def export(
     dataset: Annotated[Path, typer.Argument(help="Input trajforge dataset directory.")],
-    format: Annotated[str, typer.Option("--format", "-f", help="trl-sft, trl-dpo, trl-kto, openai or sharegpt.")],
+    format: Annotated[str, typer.Option("--format", "-f",
+                                        help="trl-sft, trl-dpo, trl-kto, tokenized, openai or sharegpt.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output directory (a Hugging Face dataset).")],
     shard_rows: Annotated[int, typer.Option(help="Rows per output shard.")] = 50_000,
     mix: Annotated[Optional[str], typer.Option(
@@ -26,12 +27,23 @@ def export(
         help="Keep reasoning as `reasoning_content` (default: kept, except for openai).")] = None,
     web_max_chars: Annotated[int, typer.Option(help="Truncate web page text (axtree/html) to this many chars.")] = 20_000,
     sft_layout: Annotated[str, typer.Option(
-        help="trl-sft layout: auto (prompt-completion if any step is masked), messages, prompt-completion.")] = "auto",
+        help="trl-sft layout: prompt-completion (one row per trainable segment; masked steps only ever in a prompt) "
+             "or messages (per-message train flags, which TRL does not read).")] = "prompt-completion",
     kto_mode: Annotated[str, typer.Option(
-        help="trl-kto examples: auto (step labels when present, else success), steps, trajectory.")] = "auto",
+        help="trl-kto rows: auto (steps where step labels exist, else turns), steps (labelled assistant messages), "
+             "turns (every assistant message, labelled by success), trajectory (one multi-turn completion).")] = "auto",
+    dpo_level: Annotated[str, typer.Option(
+        help="trl-dpo rows: step (the next assistant message after the shared history) or trajectory "
+             "(whole continuations; tool results become part of the preference).")] = "step",
+    include_failed: Annotated[bool, typer.Option(
+        help="Supervised formats (trl-sft, tokenized, openai, sharegpt): also export trajectories with success = false.")] = False,
+    tokenizer: Annotated[Optional[str], typer.Option(
+        help="--format tokenized: a tokenizer directory with a chat template (or a hub name when online).")] = None,
+    max_length: Annotated[Optional[int], typer.Option(
+        help="--format tokenized: longest row in tokens; longer trajectories are cut by turns.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in OUTPUT.")] = False,
 ) -> None:
-    """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, OpenAI, ShareGPT)."""
+    """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, tokenized, OpenAI, ShareGPT)."""
     from converters.export import ExportConfig
     from converters.export import export as run_export
     from converters.export.mix import MixError, parse_mix
@@ -41,7 +53,8 @@ def export(
 
     try:
         cfg = ExportConfig(format=format, shard_rows=shard_rows, mix=parse_mix(mix), seed=seed, reasoning=reasoning,
-                           web_max_chars=web_max_chars, sft_layout=sft_layout, kto_mode=kto_mode,
+                           web_max_chars=web_max_chars, sft_layout=sft_layout, kto_mode=kto_mode, dpo_level=dpo_level,
+                           include_failed=include_failed, tokenizer=tokenizer, max_length=max_length,
                            overwrite=overwrite)
     except MixError as exc:
         fail(str(exc))
@@ -73,7 +86,10 @@ def print_report(report: Any) -> None:
     table.add_row("skipped", str(report.skipped_total))
     for reason, n in report.skipped.most_common():
         table.add_row(f"  {reason}", str(n))
+    for note, n in sorted(report.notes.items()):
+        table.add_row(note, str(n))
     console.print(table)
+    console.print(f"train with the settings in {report.output / 'README.md'} (section Training)", highlight=False)
 
 
 def card(
@@ -82,9 +98,14 @@ def card(
     """Regenerate the dataset card (README.md and plots/*.png) of an export directory from its card.json."""
     from converters.export.card import CardError, regenerate_card
 
+    if not export_dir.is_dir():
+        fail(f"{export_dir}: {'no such' if not export_dir.exists() else 'not an'} export directory "
+             "(give the directory trajforge export wrote)")
     try:
         readme = regenerate_card(export_dir)
     except CardError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"{export_dir}: cannot rebuild the card ({exc.strerror or exc})")
     plots = sorted(p.name for p in (export_dir / "plots").glob("*.png"))
     console.print(f"wrote {readme} and {len(plots)} plots: {', '.join(plots) or '-'}", highlight=False)

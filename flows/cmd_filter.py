@@ -8,7 +8,9 @@ from typing import Annotated, Mapping
 import typer
 from rich.table import Table
 
-from flows.console import console, fail
+from flows.config_file import ConfigFileError, read_config
+from flows.cmd_store import SHARD_READ_ERRORS, unreadable
+from flows.console import beam_errors_reported_once, console, fail
 
 # Unknown options go to Beam (`ctx.args`); applied where the commands are registered in flows/cli.py.
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -46,12 +48,19 @@ def filter_cmd(
     from pipelines.filter import run_filter
     from schemas.store import StoreError
 
-    if not config.exists():
-        fail(f"{config}: no such config file")
     try:
-        s = run_filter(str(input_dir), config, str(output), runner=runner, beam_args=list(ctx.args),
-                       batch_size=batch_size, concurrency=concurrency, overwrite=overwrite)
-    except (FilterConfigError, PipelineError, StoreError, ValueError) as exc:
+        specs = read_config(config, "filter config")
+    except ConfigFileError as exc:
+        fail(str(exc))
+    try:
+        with beam_errors_reported_once():
+            s = run_filter(str(input_dir), specs, str(output), runner=runner, beam_args=list(ctx.args),
+                           batch_size=batch_size, concurrency=concurrency, overwrite=overwrite)
+    except FilterConfigError as exc:
+        fail(f"{config}: {exc}")
+    except PipelineError as exc:
+        fail(f"{input_dir}: {exc}")
+    except (StoreError, ValueError) as exc:
         fail(str(exc))
     c = s.counts
     _counts_table(f"filter -> {s.output}", c, [("records in", "in"), ("kept", "kept"), ("filtered", "filtered"),
@@ -87,10 +96,13 @@ def dedup_cmd(
     from schemas.store import StoreError
 
     try:
-        s = run_dedup(str(input_dir), str(output), threshold=threshold, num_perm=num_perm, exact_only=exact_only,
-                      prefer_reward=prefer_reward, partitions=partitions, runner=runner, beam_args=list(ctx.args),
-                      overwrite=overwrite)
-    except (PipelineError, StoreError) as exc:
+        with beam_errors_reported_once():
+            s = run_dedup(str(input_dir), str(output), threshold=threshold, num_perm=num_perm,
+                          exact_only=exact_only, prefer_reward=prefer_reward, partitions=partitions, runner=runner,
+                          beam_args=list(ctx.args), overwrite=overwrite)
+    except PipelineError as exc:
+        fail(f"{input_dir}: {exc}")
+    except StoreError as exc:
         fail(str(exc))
     c = s.counts
     _counts_table(f"dedup -> {s.output}", c, [("records in", "in"), ("kept", "kept"), ("filtered", "filtered")])
@@ -131,6 +143,8 @@ def mix_cmd(
                     temperature=temperature, seed=seed, total=total, overwrite=overwrite)
     except (MixError, StoreError) as exc:
         fail(str(exc))
+    except SHARD_READ_ERRORS as exc:
+        fail(unreadable(Path(", ".join(map(str, inputs))), exc))
     table = Table(title=f"mix -> {s.output}")
     for col in ("source", "available", "weight", "p", "target", "written"):
         table.add_column(col, justify="right")
@@ -138,6 +152,7 @@ def mix_cmd(
         table.add_row(src.name, str(src.available), f"{src.weight:g}", f"{src.probability:.3f}",
                       f"{src.target:.0f}", str(src.written))
     console.print(table)
-    console.print(f"{s.written} records written (seed {seed}, T={temperature:g})", highlight=False)
+    console.print(f"{s.written} records written (seed {seed}, T={temperature:g}); "
+                  f"{s.duplicates} duplicate ids dropped (the first occurrence kept)", highlight=False)
 
 

@@ -7,14 +7,16 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
 from backends.stats import endpoint_table
-from flows.console import console, fail
+from envs.sandbox import SandboxUnavailable, sandbox_problem
+from envs.tasks import TaskFileError, TaskSourceConfig
+from flows.config_file import ConfigFileError
+from flows.console import console, err_console, fail, read_config_mapping
+from flows.preflight import check_generate_config
 from flows.progress import RichProgress
-from generators._episode import TaskFileError
 from generators.base import RunSummary
 from generators.registry import all_methods
 from generators.runner import generate as run_generation
@@ -27,32 +29,58 @@ def generate(
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config of the method.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Output dataset directory.")] = Path("out/generated"),
     overwrite: Annotated[bool, typer.Option(help="Start the output afresh.")] = False,
+    unsafe_no_sandbox: Annotated[bool, typer.Option(
+        "--unsafe-no-sandbox", help="Where bubblewrap is missing, run generated code (verifiers) with only "
+                                    "seccomp, rlimits and in-process guards. Unsafe: warns every run.")] = False,
+    allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="Allow tasks of a benchmark's test "
+                                                   "split (refused by default: no training on test tasks).")] = False,
 ) -> None:
     """Generate trajectories with one method; resumes a killed run of the same config."""
-    data = {}
-    if config is not None:
-        try:
-            data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            fail(f"{config}: cannot read config ({exc})")
-        if not isinstance(data, dict):
-            fail(f"{config}: a config is a YAML mapping, not {type(data).__name__}")
+    data = read_config_mapping(config) if config is not None else {}
     try:
         cfg = load_config(data, method)
     except KeyError as exc:
         fail(str(exc.args[0]))
-    except (ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        fail(f"{config or 'config'}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()))
+    except ValueError as exc:
         fail(f"{config or 'config'}: {exc}".replace("\n", "; "))
+    if allow_test_split:
+        if not isinstance(getattr(cfg, "tasks", None), TaskSourceConfig):
+            fail(f"--allow-test-split: method {cfg.method} takes no tasks from a task source")
+        cfg = cfg.model_copy(update={"tasks": cfg.tasks.model_copy(update={"allow_test_split": True})})
+    try:
+        check_generate_config(cfg, str(config or "config"))
+    except ConfigFileError as exc:
+        fail(str(exc))
+    sandbox = getattr(cfg, "sandbox", None)
+    if unsafe_no_sandbox and sandbox is not None:
+        sandbox.unsafe_no_sandbox = True
+    if sandbox is not None and sandbox.unsafe_no_sandbox and (problem := sandbox_problem()) is not None:
+        err_console.print(f"[bold yellow]warning:[/] UNSAFE: {problem}; generated code runs WITHOUT the OS sandbox "
+                          "(--unsafe-no-sandbox / sandbox.unsafe_no_sandbox)", highlight=False)
     console.print(f"[bold]generate[/] {cfg.method} with {cfg.llm.backend}:{cfg.llm.model} -> {output}")
     try:
         with RichProgress(f"{cfg.method} tasks") as progress:
             summary = asyncio.run(run_generation(cfg, output, overwrite=overwrite, progress=progress))
-    except StoreError as exc:
+    except (StoreError, SandboxUnavailable) as exc:
         fail(str(exc))
     except TaskFileError as exc:
         # The tasks file's path came from the config: name both, the path may be the damage.
-        fail(f"{exc} (tasks_file of {config or 'the config'})")
+        fail(f"{exc} (tasks of {config or 'the config'})")
     print_summary(summary)
+    if failed_everything(summary):
+        top = summary.reasons.most_common(1)
+        fail(f"nothing succeeded: all {summary.processed} task(s) run were quarantined"
+             + (f" (most often: {top[0][0]}, {top[0][1]}x)" if top else "") + f"; see {output}/quarantine")
+
+
+def failed_everything(summary: RunSummary) -> bool:
+    """Whether this run's tasks all ended in quarantine (none wrote a trajectory, pair or verdict)."""
+    counts = summary.counts
+    wrote = sum(counts.get(k, 0) for k in ("trajectories", "pairs", "filtered"))
+    return summary.processed > 0 and wrote == 0 and counts.get("quarantine", 0) > 0
 
 
 def methods() -> None:
@@ -75,11 +103,27 @@ def print_summary(summary: RunSummary) -> None:
     table.add_row("tasks run now", str(data["processed"]))
     for key in ("trajectories", "pairs", "filtered", "quarantine"):
         table.add_row(f"{key} written" if key != "quarantine" else "quarantined", str(data["counts"].get(key, 0)))
+    for key, n in sorted(data["counts"].items()):
+        if key.startswith("failed_step:"):
+            table.add_row(f"  failed steps ({key.split(':', 1)[1]} answer)", str(n))
     for reason, n in sorted(data["rejected_by_reason"].items()):
         table.add_row(f"  rejected: {reason}", str(n))
+    for name, value in data["report"].items():
+        table.add_row(name, _measure(value))
     llm = data["llm"]
-    for key in ("calls", "cache_hits", "retries", "failovers", "failures", "prompt_tokens", "completion_tokens"):
+    for key in ("calls", "cache_hits", "retries", "failovers", "failures", "truncated", "prompt_tokens",
+                "completion_tokens"):
         table.add_row(f"LLM {key.replace('_', ' ')}", f"{llm.get(key, 0):,}")
+    judge = llm.get("judge") or {}
+    for key in ("calls", "cache_hits", "failures") if judge else ():
+        table.add_row(f"judge LLM {key.replace('_', ' ')}", f"{judge.get(key, 0):,}")
     console.print(table)
     if llm.get("endpoints"):
         console.print(endpoint_table(llm["endpoints"]))
+
+
+def _measure(value: object) -> str:
+    """A measurement for one summary cell: `key value` pairs for a mapping, the value itself otherwise."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {'n/a' if v is None else v}" for k, v in value.items())
+    return str(value)

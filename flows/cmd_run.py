@@ -21,7 +21,7 @@ DEMO_CONFIG = REPO / "configs" / "pipeline_demo.yaml"
 
 
 def _prefect_defaults(config: Path, output: Path | None = None) -> None:
-    """Default Prefect settings; must run before prefect is imported."""
+    """Default Prefect settings for a pipeline config; must run before prefect is imported."""
     home = None
     try:
         from flows.pipeline_config import load_pipeline_config
@@ -29,6 +29,11 @@ def _prefect_defaults(config: Path, output: Path | None = None) -> None:
         home = load_pipeline_config(config, str(output) if output else None).root / "_prefect"
     except Exception:  # noqa: BLE001 - the flow reports a bad config properly
         home = Path.home() / ".trajforge" / "prefect"
+    prefect_defaults(home)
+
+
+def prefect_defaults(home: Path) -> None:
+    """PREFECT_HOME (unless set), analytics off, a long ephemeral-server start; before prefect is imported."""
     # Prefect's SQLite database cannot be created in a folder that does not exist yet.
     home = home.resolve()
     if "PREFECT_HOME" not in os.environ:
@@ -41,12 +46,26 @@ def _prefect_defaults(config: Path, output: Path | None = None) -> None:
 def _check(config: Path) -> Path:
     if not config.is_file():
         fail(f"{config}: no such config file")
+    from flows.config_file import ConfigFileError
     from flows.pipeline_config import load_pipeline_config
+    from flows.preflight import check_generate_config
+    from generators.runner import load_config
 
     try:
-        load_pipeline_config(config)
+        cfg = load_pipeline_config(config)
+    except ConfigFileError as exc:
+        fail(str(exc))
     except Exception as exc:  # noqa: BLE001
-        fail(f"{config}: {exc}")
+        fail(f"{config}: {exc}".replace("\n", "; "))
+    for entry in cfg.generate:  # checked now: a stage would otherwise fail after the stages before it ran
+        try:
+            method_config = load_config(entry.method_config(cfg.llm))
+        except (KeyError, ValueError):
+            continue  # the flow reports a bad method config itself, as the stage that has it
+        try:
+            check_generate_config(method_config, f"{config} (generate {entry.name})")
+        except ConfigFileError as exc:
+            fail(str(exc))
     return config.resolve()
 
 

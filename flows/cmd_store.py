@@ -101,6 +101,7 @@ def _print_stats(result: dict[str, Any]) -> None:
     )
     for title, key, columns in (
         ("records per source", "sources", ("source", "records")),
+        ("records per method", "methods", ("method", "records")),
         ("step kinds", "step_kinds", ("kind", "steps")),
         ("tools used", "tools_used", ("function", "calls")),
         ("step labels", "labels", ("label", "steps")),

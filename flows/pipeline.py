@@ -130,12 +130,13 @@ def _task(name: str):
 @_task("convert")
 def convert_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
     from pipelines.convert import DEFAULT_CHUNK_SIZE, run_convert
+    from schemas.models import SCHEMA_VERSION
 
     entry = cfg.convert[index]
     out = cfg.stage_dir("convert", entry.name)
     inputs = entry.resolved_inputs()
     chunk = entry.chunk_size or DEFAULT_CHUNK_SIZE
-    key = stage_key("convert", entry.source, inputs, chunk, _version())
+    key = stage_key("convert", entry.source, inputs, chunk, _version(), SCHEMA_VERSION)
     if (done := _skip(cfg, "convert", entry.name, key, out)) is not None:
         return done
     summary = run_convert(entry.source, inputs, str(out), chunk_size=chunk)
@@ -171,15 +172,15 @@ def generate_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
 
 async def _generate_scripted(config: Any, out: Path, progress: Any) -> Any:
     """`generators.runner.generate` with the scripted retail agent in place of an LLM."""
-    from envs import make_env
+    from envs.spec import EnvFactory, EnvSpec
     from generators.registry import get_method
     from generators.scripted import ScriptedRetailLLM
     from schemas.store import Dataset
 
-    if getattr(config, "env", None) != "retail" or not hasattr(config, "num_tasks"):
-        raise ValueError(f"agent: scripted plays retail search methods (env: retail, num_tasks); not {config.method}")
-    with make_env("retail", **config.env_config) as env:
-        tasks = env.generate_tasks(config.num_tasks, seed=config.task_seed)
+    if not isinstance(config, EnvSpec) or config.env != "retail":
+        raise ValueError(f"agent: scripted plays retail methods (env: retail); not {config.method} on "
+                         f"{getattr(config, 'env', 'no env')}")
+    tasks = EnvFactory(config).tasks()
     ds = Dataset.create(out, stage=f"generate:{config.method}", config_hash=config.output_hash())
     ds.recover()
     method = get_method(config.method)(config, ScriptedRetailLLM(tasks))

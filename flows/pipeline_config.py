@@ -3,7 +3,7 @@
     output: out/pipeline             # root; stage outputs go to <output>/<stage>/<name>
     llm: {backend: llamacpp}         # default LLM for generate entries that name none
     convert:  [{name: adp, source: adp, inputs: [samples/adp/agenttuning_os/sample_std.json]}]
-    generate: [{name: rollout, method: rollout, env: retail, n_tasks: 2}]
+    generate: [{name: rollout, method: rollout, env: retail, tasks: {n: 2}}]
     filter:   {chain: [{name: ...}]}               # optional, applied to every dataset
     dedup:    {threshold: 0.8}                     # optional, applied to every dataset
     mix:      {weights: {adp: 1.0}, temperature: 1.0, seed: 0}   # optional: one mixed dataset
@@ -25,8 +25,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from flows.config_file import read_mapping
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -161,12 +162,7 @@ class PipelineConfig(BaseModel):
 
 def load_pipeline_config(path: str | Path, output: str | None = None) -> PipelineConfig:
     """The config at `path`; `output` replaces its output root."""
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a pipeline config is a YAML mapping")
-    if output is not None:
-        data["output"] = output
-    return PipelineConfig.model_validate(data)
+    return PipelineConfig.model_validate(read_mapping(path, "pipeline config", output))
 
 
 def stage_key(*parts: Any) -> str:

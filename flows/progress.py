@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from flows.console import console
@@ -12,7 +13,7 @@ from flows.console import console
 class RichProgress:
     """`start(total, completed)` / `advance(n)`; use as a context manager around the work."""
 
-    def __init__(self, description: str):
+    def __init__(self, description: str, console: Console = console):
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -32,7 +33,7 @@ class RichProgress:
     def __exit__(self, *exc: Any) -> None:
         self._progress.stop()
 
-    def start(self, total: int, completed: int = 0) -> None:
+    def start(self, total: int | None, completed: int = 0) -> None:
         self._task = self._progress.add_task(self._description, total=total, completed=completed)
 
     def advance(self, n: int = 1) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from rich.table import Table
@@ -64,6 +65,10 @@ def print_run_summary(result: dict[str, Any]) -> None:
     console.print(table)
     console.print("[bold]by reason[/]")
     for s in stages:
+        if s["stage"] == "generate" and "episodes" in s["counts"]:  # how the agent did, failures included
+            c = s["counts"]
+            console.print(f"  generate {s['name']}: successes = {c.get('successes', 0)} of {c['episodes']} episodes",
+                          highlight=False)
         for key, n in reasons(s["counts"]).items():
             console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
     console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items()), highlight=False)
@@ -80,3 +85,5 @@ def print_run_summary(result: dict[str, Any]) -> None:
     console.print(f"done in {result['seconds']:.1f}s; runs logged in {result['output']}/_runs.jsonl; "
                   "load an export with datasets.load_dataset('parquet', data_files='EXPORT/data/*.parquet'); "
                   "inspect a dataset with trajforge stats DIR", highlight=False)
+    console.print(f"look at the data in a browser: trajforge view {shlex.quote(str(result['output']))}",
+                  highlight=False, soft_wrap=True)

@@ -1,33 +1,36 @@
-"""The shared episode loop: an agent policy acts in an environment until the episode ends.
+"""The one episode loop: an agent policy acts in an environment until the episode ends.
 
-Used by `rollout` and `ui_simulator` (and open to the other methods). All environment calls
-go through the async API (`areset` / `astep` / `aevaluate` when the env has it), so the
-LLM-simulated environment works like the built-in ones. A trajectory always starts with the
-user's request: when the env's first observation is something else (a web page), the task's
-instruction is put before it as a user step.
+Every method acts through it: rollout, tutorial replay, self-challenging rollouts, reflection
+continuations, MCTS rollouts, curriculum attempts. `play_episode` starts a fresh episode;
+`continue_episode` goes on from wherever the environment is (a restored checkpoint), with the
+history that led there. A trajectory always starts with the user's request.
 
-An answer the policy cannot parse is a *failed step*: the environment never sees it; the
-trajectory records the raw answer (an agent text step) and an error observation, both with
-`train=False` and `label="bad"`, and the agent tries again with that feedback in its history
-(which also makes the retry a new cache entry instead of the cached bad answer). After
-`max_parse_failures` such steps the episode ends as failed (reward 0). LLM request errors
-(`LLMRequestError`) and simulator errors propagate: callers quarantine the task.
+Tool call ids are positional (`call_<step index>`): equal paths have equal content, and a
+re-run sends the model byte-identical prompts (cache hits) whatever ids a server invented.
+
+An answer the policy cannot use (unparseable, or cut off at the token limit) is a *failed
+step*: the environment never sees it; the trajectory records the raw answer (an agent text
+step) and an error observation, both with `train=False` and `label="bad"`, counted by reason,
+and the agent tries again with that feedback in its history (which also makes the retry a new
+cache entry). After `max_parse_failures` such steps the episode ends. Whatever ended it (done,
+the step cap, failures, the user leaving), the environment evaluates the episode the same way.
+LLM request errors (`LLMRequestError`) and simulator errors propagate: callers quarantine.
+
+A `reviewer` (a teacher supervising the agent, STeP-style) sees every action the world has just
+answered, with a checkpoint of the state before it; it may replace the step with a correction
+(the wrong step kept masked, a reflection, the corrected action it took from the restored state),
+and the episode goes on from there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Sequence
 
-from pydantic import ValidationError
-
-from converters.errors import summarize_validation
-from envs.base import Environment, Task
-from generators.agent import AgentPolicy
-from schemas.models import Step, TextObservation
+from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, StepResult, Task, checkpoint
+from generators.agent import TRUNCATED, Proposal
+from schemas.models import Action, Step, TextObservation
 
 PARSE_ERROR = (
     "Error: your last answer could not be read as an action ({error}). Reply with one short thought and "
@@ -35,55 +38,151 @@ PARSE_ERROR = (
 )
 
 
+class Proposer(Protocol):
+    """What acts: an agent policy, or anything that proposes next actions the same way."""
+
+    async def propose(self, history: list[Step], *, n: int = 1, guidance: str | None = None) -> list[Proposal]: ...
+
+
 @dataclass
-class Episode:
-    """What one episode produced; `reward` is None when the caller asked for no env evaluation."""
+class Correction:
+    """A reviewer's replacement for a step: the steps to record instead, and the result of the action it took."""
 
     steps: list[Step]
-    reward: float | None
-    done: bool
+    result: StepResult
+
+
+class Reviewer(Protocol):
+    """Looks at `action` (step `len(history)`) and its `observation`; returns a Correction or None.
+
+    `before` is a checkpoint of the world before the action: a correction restores it first.
+    """
+
+    async def __call__(self, env: Environment, before: Checkpoint, history: list[Step], action: Action,
+                       observation: Step) -> Correction | None: ...
+
+
+@dataclass
+class Episode:
+    """What one episode produced; `evaluation` is None when the caller asked for none."""
+
+    steps: list[Step]
+    evaluation: Evaluation | None
     stop_reason: str  # "done" | "max_steps" | "max_parse_failures"
     actions: int = 0
     parse_failures: int = 0
+    failure_reasons: Counter[str] = field(default_factory=Counter)
     action_errors: list[str] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False  # the environment's own step cap ended it
 
     @property
-    def failed(self) -> bool:
-        return self.stop_reason == "max_parse_failures"
+    def done(self) -> bool:
+        return self.stop_reason == "done"
+
+    @property
+    def reward(self) -> float:
+        return self.evaluation.reward if self.evaluation is not None else 0.0
+
+    @property
+    def success(self) -> bool:
+        return self.evaluation.success if self.evaluation is not None else False
+
+    def details(self) -> dict[str, Any]:
+        """The episode's facts for a trajectory's `details`."""
+        out: dict[str, Any] = {"stop_reason": self.stop_reason, "actions": self.actions,
+                               "parse_failures": self.parse_failures, "action_errors": self.action_errors}
+        if self.failure_reasons:
+            out["failed_steps"] = dict(self.failure_reasons)
+        if self.truncated:
+            out["truncated"] = True
+        return out
+
+    def count(self, counts: Counter[str]) -> None:
+        """Add this episode to a task's counts."""
+        counts["episodes"] += 1
+        counts["successes"] += int(self.success)
+        counts["parse_failures"] += self.parse_failures
+        counts["action_errors"] += len(self.action_errors)
+        counts[f"stop:{self.stop_reason}"] += 1
+        for reason, n in self.failure_reasons.items():
+            counts[f"failed_step:{reason}"] += n
 
 
-async def evaluate(env: Environment) -> float:
-    """The env's outcome reward, awaiting `aevaluate` where the env has one (LLM-judged envs)."""
-    aevaluate = getattr(env, "aevaluate", None)
-    if aevaluate is not None:
-        return float(await aevaluate())
-    return float(env.evaluate())
+def positional(step: Step, index: int, call_id: str | None = None) -> Step:
+    """`step` with the tool call id its position gives: `call_<index>` on an api action, `call_id` on its answer."""
+    if step.kind == "api":
+        return step.model_copy(update={"tool_call_id": f"call_{index}"})
+    if step.kind not in ACTION_KINDS and step.tool_call_id is not None:
+        return step.model_copy(update={"tool_call_id": call_id})
+    return step
+
+
+def renumber_calls(steps: Sequence[Step]) -> list[Step]:
+    """Positional tool call ids for a whole trajectory (after splicing, ids must stay unique)."""
+    out: list[Step] = []
+    mapping: dict[str, str] = {}
+    for i, step in enumerate(steps):
+        if step.kind == "api":
+            new = f"call_{i}"
+            if step.tool_call_id:
+                mapping[step.tool_call_id] = new
+            out.append(step.model_copy(update={"tool_call_id": new}))
+        elif step.kind not in ACTION_KINDS and step.tool_call_id is not None:
+            out.append(step.model_copy(update={"tool_call_id": mapping.get(step.tool_call_id, step.tool_call_id)}))
+        else:
+            out.append(step)
+    return out
+
+
+async def act(env: Environment, action: Action, index: int) -> tuple[Action, Step, Any]:
+    """Take `action` as step `index` of a history: (the action and its observation, positional ids; the result)."""
+    action = positional(action, index)  # type: ignore[assignment]
+    result = await env.step(action)
+    observation = positional(result.observation, index + 1, action.tool_call_id)
+    return action, observation, result
 
 
 async def play_episode(
     env: Environment,
-    policy: AgentPolicy,
+    policy: Proposer,
     task: Task,
     *,
     max_steps: int,
     max_parse_failures: int = 3,
     guidance: str | None = None,
-    score: bool = True,
+    evaluate: bool = True,
+    reviewer: Reviewer | None = None,
 ) -> Episode:
-    """Reset `env` to `task` and let `policy` act for up to `max_steps` actions."""
-    first = await env.areset(task)
-    steps: list[Step] = [first]
-    if not (first.kind == "text" and first.source == "user"):
-        # Environments that open on a page (web) keep the request out of band; the agent must see
-        # it, and a trajectory starts with the user's request.
-        steps.insert(0, TextObservation(content=task.instruction, source="user"))
-    episode = Episode(steps=steps, reward=None, done=False, stop_reason="max_steps")
-    while episode.actions < max_steps:
+    """A fresh episode of `task` in which `policy` takes up to `max_steps` actions."""
+    opening = await env.reset(task)
+    return await continue_episode(env, policy, list(opening), max_steps=max_steps,
+                                  max_parse_failures=max_parse_failures, guidance=guidance, evaluate=evaluate,
+                                  reviewer=reviewer)
+
+
+async def continue_episode(
+    env: Environment,
+    policy: Proposer,
+    history: Sequence[Step],
+    *,
+    max_steps: int,
+    actions_taken: int = 0,
+    max_parse_failures: int = 3,
+    guidance: str | None = None,
+    evaluate: bool = True,
+    reviewer: Reviewer | None = None,
+) -> Episode:
+    """`policy` acts from the env's current state, which `history` led to, until `max_steps` actions in all."""
+    steps = list(history)
+    episode = Episode(steps=steps, evaluation=None, stop_reason="max_steps", actions=actions_taken)
+    if env.done:
+        episode.stop_reason = "done"
+    while not episode.done and episode.actions < max_steps:
         proposal = (await policy.propose(steps, guidance=guidance))[0]
         if proposal.action is None:
             episode.parse_failures += 1
             error = proposal.error or "no action"
+            episode.failure_reasons[failure_class(error)] += 1
             steps.append(TextObservation(content=proposal.raw or "", source="agent", train=False, label="bad",
                                          extra={"parse_error": error}))
             steps.append(TextObservation(content=PARSE_ERROR.format(error=error), source="environment",
@@ -93,113 +192,25 @@ async def play_episode(
                 break
             continue
         episode.actions += 1
-        steps.append(proposal.action)
-        result = await env.astep(proposal.action)
-        steps.append(result.observation)
+        before = checkpoint(env, steps) if reviewer is not None else None
+        action, observation, result = await act(env, proposal.action, len(steps))
+        correction = await reviewer(env, before, steps, action, observation) if reviewer and before else None
+        if correction is not None:
+            steps += correction.steps
+            result = correction.result
+        else:
+            steps += [action, observation]
         if result.info.get("error"):
             episode.action_errors.append(str(result.info["error"]))
         if result.info.get("truncated"):
-            episode.info["truncated"] = True
+            episode.truncated = True
         if result.done:
-            episode.done, episode.stop_reason = True, "done"
-            break
-    if score:
-        # An episode that ended on unreadable answers is failed whatever the state shows.
-        episode.reward = 0.0 if episode.failed else await evaluate(env)
+            episode.stop_reason = "done"
+    if evaluate:
+        episode.evaluation = await env.evaluate()
     return episode
 
 
-async def close_env(env: Environment) -> None:
-    """Close an env, awaiting its async close where it has one (an env's own LLM client)."""
-    aclose = getattr(env, "aclose", None)
-    if aclose is not None:
-        await aclose()
-    else:
-        env.close()
-
-
-class TaskFileError(ValueError):
-    """A tasks file that cannot be used; the message names the file (and line)."""
-
-
-def load_tasks_file(path: str | Path, default_env: str) -> list[Task]:
-    """Tasks from a JSONL file: each line a Task (or at least `{"instruction": ...}`); ids default to the line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TaskFileError(f"{path}: cannot read tasks file ({exc})") from None
-    tasks: list[Task] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskFileError(f"{path}:{n}: not JSON ({exc})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("instruction"), str):
-            raise TaskFileError(f"{path}:{n}: a task needs an 'instruction' string")
-        row.setdefault("id", f"task-{n:04d}")
-        row.setdefault("env", default_env)
-        try:
-            tasks.append(Task.model_validate(row))
-        except ValidationError as exc:
-            raise TaskFileError(f"{path}:{n}: {summarize_validation(exc)}") from None
-    ids = [t.id for t in tasks]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:
-        raise TaskFileError(f"{path}: duplicate task ids: {', '.join(dup)}")
-    return tasks
-
-
-class EnvMaker:
-    """Builds a method's environments from (name, config); the simulated env gets an LLM.
-
-    The simulated env uses the method's own LLM (same cache, same stats) unless its config
-    names another (`llm: {...}`); that one is made once, cached beside the method's cache
-    (`_env_llm_cache.sqlite` in the output directory) and closed by `aclose()`.
-    """
-
-    def __init__(self, name: str, config: dict[str, Any], llm: Any) -> None:
-        self.name = name
-        self.config = dict(config)
-        self.llm = llm
-        self._env_llm: Any = None
-        self.output: Path | None = None
-
-    def __call__(self) -> Environment:
-        from envs.registry import make_env
-
-        config = dict(self.config)
-        if self.name == "simulated":
-            config["llm"] = self._simulator_llm()
-        return make_env(self.name, **config)
-
-    def _simulator_llm(self) -> Any:
-        own = self.config.get("llm")
-        if own is None:
-            return self.llm
-        if self._env_llm is None:
-            from backends.config import LLMConfig
-            from backends.registry import make_llm
-
-            cfg = own if isinstance(own, LLMConfig) else LLMConfig.model_validate(own)
-            if cfg.cache_path is None and self.output is not None:
-                cfg = cfg.model_copy(update={"cache_path": str(self.output / "_env_llm_cache.sqlite")})
-            self._env_llm = make_llm(cfg)
-        return self._env_llm
-
-    def describe(self) -> dict[str, Any]:
-        """The env name and its JSON-safe config (no LLM objects), for trajectory details."""
-        # Bulky inputs (tools are on the trajectory already; policies and seeds can be long) are
-        # summarised by a hash instead of repeated in every record.
-        bulky = {"llm", "tools", "seeds", "policy", "tasks"}
-        config = {k: v for k, v in self.config.items() if k not in bulky}
-        for key in sorted((bulky - {"llm"}) & set(self.config)):
-            config[f"{key}_sha256"] = hashlib.sha256(json.dumps(self.config[key], default=str, sort_keys=True)
-                                                     .encode()).hexdigest()[:16]
-        return {"name": self.name, "config": json.loads(json.dumps(config, default=str))}
-
-    async def aclose(self) -> None:
-        if self._env_llm is not None:
-            llm, self._env_llm = self._env_llm, None
-            await llm.aclose()
+def failure_class(error: str) -> str:
+    """The class of a failed step's reason, for counts: an answer cut off at the token limit, or one not readable."""
+    return "truncated" if error.startswith(TRUNCATED) else "unreadable"

@@ -22,11 +22,14 @@ from typing import Any, Literal
 import orjson
 
 from backends.base import LLM
+from backends.types import Completion
 from converters.export.render import RenderOptions, messages, render
 from generators.transcript import TranscriptError, parse_assistant, strip_reasoning, tools_block
 from schemas.models import ApiAction, MessageAction, Step, Tool, Trajectory
 
 ACTION_KINDS = ("api", "code", "message")
+# The start of a Proposal error for an answer cut short; episodes count failed steps by it.
+TRUNCATED = "truncated answer"
 RENDER_CACHE_SIZE = 512
 
 SYSTEM = (
@@ -94,7 +97,7 @@ class AgentPolicy:
             system = f"{system}\n\nTools (JSON, one per line):\n{tools_block(self.tools)}\n\n{TEXT_FORMAT}"
         history_msgs = self._rendered.messages(history)
         if self.mode == "text":
-            history_msgs = [_as_text(m) for m in history_msgs]
+            history_msgs = [text_message(m) for m in history_msgs]
         # A hoisted system turn from the history joins ours: chat templates take one system message.
         if history_msgs and history_msgs[0]["role"] == "system":
             system = f"{system}\n\n{history_msgs.pop(0)['content']}"
@@ -110,7 +113,8 @@ class AgentPolicy:
             completions = await self.llm.chat(msgs, tools=self._wire_tools, n=n, **params)
         else:
             completions = await self.llm.chat(msgs, n=n, **params)
-        return [self._read(c.text, c.tool_calls) for c in completions]
+        return [_truncated(c) if c.finish_reason == "length" else self._read(c.text, c.tool_calls)
+                for c in completions]
 
     def _read(self, text: str, tool_calls: list[Any]) -> Proposal:
         visible, reasoning = strip_reasoning(text or "")
@@ -137,6 +141,12 @@ class AgentPolicy:
         if not thought:
             return Proposal(None, text, "empty answer")
         return Proposal(MessageAction(content=thought, reasoning=reasoning), text)
+
+
+def _truncated(completion: Completion) -> Proposal:
+    """An answer the backend could only get cut short: never an action (its end is missing)."""
+    raw = completion.text or "".join(f"{c.name}({c.arguments}" for c in completion.tool_calls)
+    return Proposal(None, raw, f"{TRUNCATED} (finish_reason=length after the retries)")
 
 
 class _RenderCache:
@@ -193,7 +203,7 @@ def _pinned_call_id(step: Step, index: int) -> Step:
     return step
 
 
-def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+def text_message(message: dict[str, Any]) -> dict[str, Any]:
     """Chat messages without tool roles, for servers that have no function calling."""
     if message["role"] == "tool":
         return {"role": "user", "content": f"TOOL: {message['content']}"}

@@ -13,20 +13,26 @@ import asyncio
 import hashlib
 import importlib.metadata
 import json
+import logging
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator, Sized
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import LLM
 from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
+from envs.tasks import MAX_TASKS
 from schemas.store import Dataset
+
+log = logging.getLogger("trajforge.generators")
+
+
 
 
 def trajforge_version() -> str:
@@ -41,10 +47,31 @@ def template_hash(*templates: str) -> str:
     return hashlib.sha256("\x00".join(templates).encode()).hexdigest()[:16]
 
 
+class JudgeConfig(BaseModel):
+    """The model that grades (judges, verifiers, teachers' checks); apart from the acting model by choice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm: LLMConfig | None = Field(None, description="the judge's model; default: the method's own model (warned)")
+    vision: bool = Field(False, description="the judge's model accepts images: judges of web pages see the screenshots "
+                                            "(else their paths and the pages' text, with a warning and a count)")
+
+
+class RoleModel(BaseModel):
+    """A model for one role beside the acting one: a teacher that corrects, a student that is scored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm: LLMConfig | None = Field(None, description="the role's model; when unset the method says what stands in")
+
+
 class MethodConfig(BaseModel):
     """Settings every method has; each method's config model extends it."""
 
     model_config = ConfigDict(extra="forbid")
+    # Left out of the output hash: they change how a run goes, not what it writes (pydantic's
+    # nested `exclude` form; methods extend it).
+    runtime_fields: ClassVar[dict[str, Any]] = {"concurrency": True, "unit_tasks": True, "cache": True}
 
     method: str
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="llamacpp", max_tokens=256))
@@ -52,11 +79,15 @@ class MethodConfig(BaseModel):
     unit_tasks: int = Field(16, ge=1, description="tasks per committed unit (the resume granularity)")
     seed: int = 0
     cache: bool = Field(True, description="cache LLM responses in the output directory")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="the model that grades")
 
     def output_hash(self) -> str:
         """Hash of what determines the output; throughput knobs are left out on purpose."""
-        data = self.model_dump(mode="json", exclude={"concurrency", "unit_tasks", "cache"})
+        data = self.model_dump(mode="json", exclude=self.runtime_fields)
         data["llm"] = {k: v for k, v in data["llm"].items() if k not in _LLM_RUNTIME_KEYS}
+        for role in data.values():  # judge, teacher, student: {llm: {...}}
+            if isinstance(role, dict) and isinstance(role.get("llm"), dict):
+                role["llm"] = {k: v for k, v in role["llm"].items() if k not in _LLM_RUNTIME_KEYS}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -112,6 +143,18 @@ class RunSummary:
     counts: Counter[str] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
     llm: dict[str, Any] = field(default_factory=dict)
+    # What a method measured over the whole output, by name (e.g. a judge's agreement with ground truth).
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def merge(self, other: RunSummary) -> RunSummary:
+        """One summary for several runs of the same method (rounds); the LLM stats are cumulative already."""
+        self.tasks += other.tasks
+        self.skipped += other.skipped
+        self.processed += other.processed
+        self.counts.update(other.counts)
+        self.reasons.update(other.reasons)
+        self.llm = other.llm
+        return self
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +165,7 @@ class RunSummary:
             "counts": dict(self.counts),
             "rejected_by_reason": dict(self.reasons),
             "llm": self.llm,
+            "report": self.report,
         }
 
 
@@ -135,6 +179,26 @@ class GenerationMethod(ABC):
     def __init__(self, config: MethodConfig, llm: LLM):
         self.config = config
         self.llm = llm
+        # Set by the runner when the config names a judge model; else judges use the acting model.
+        self.judge_model: LLM | None = None
+        self._warned_same_judge = False
+
+    @property
+    def judge_llm(self) -> LLM:
+        """The model that grades: the configured judge, else (with one warning per run) the acting model."""
+        if self.judge_model is not None:
+            return self.judge_model
+        if not self._warned_same_judge:
+            self._warned_same_judge = True
+            log.warning("%s: the judge is the acting model itself (%s:%s); set judge.llm to grade with another",
+                        self.name, self.config.llm.backend, self.config.llm.model)
+        return self.llm
+
+    @property
+    def judge_name(self) -> str:
+        """The grading model as `backend:model`, for the verdicts records carry."""
+        cfg = self.judge_llm.config
+        return f"{cfg.backend}:{cfg.model}"
 
     @abstractmethod
     def tasks(self) -> Iterable[TaskSpec]:
@@ -146,6 +210,9 @@ class GenerationMethod(ABC):
 
     def prepare(self, output: Dataset) -> None:
         """Look at what earlier runs wrote to `output` before new tasks start (e.g. for dedup)."""
+
+    async def setup(self) -> None:
+        """Acquire what the tasks need before the first one is read (e.g. load tasks, list a server's tools)."""
 
     def provenance(self, task_id: str, *, parents: Iterable[str] = (), seed: int | None = None) -> Provenance:
         return Provenance(
@@ -163,18 +230,24 @@ class GenerationMethod(ABC):
         """Run `tasks` into `output`, skipping tasks a finished unit already covers."""
         done = {tid for unit in output.finished_units().values() for tid in unit.get("meta", {}).get("task_ids", [])}
         self.prepare(output)
+        await self.setup()
         summary = RunSummary(self.name)
-        pending: list[TaskSpec] = []
-        for task in tasks:
-            summary.tasks += 1
-            if task.id in done:
-                summary.skipped += 1
-            else:
-                pending.append(task)
         if progress is not None:
-            progress.start(total=summary.tasks, completed=summary.skipped)
+            progress.start(total=len(tasks) if isinstance(tasks, Sized) else None)
+
+        def pending() -> Iterator[TaskSpec]:
+            # Streamed: tasks are drawn as workers free up, never held as a whole list.
+            for task in tasks:
+                summary.tasks += 1
+                if task.id in done:
+                    summary.skipped += 1
+                    if progress is not None:
+                        progress.advance()
+                    continue
+                yield task
+
         buffer: list[tuple[TaskSpec, TaskResult]] = []
-        queue: Iterator[TaskSpec] = iter(pending)
+        queue: Iterator[TaskSpec] = pending()
         lock = asyncio.Lock()
 
         async def worker() -> None:
@@ -222,11 +295,13 @@ class GenerationMethod(ABC):
             summary.counts.update(unit.counts)
 
 
-def llm_config_for(config: MethodConfig, output: Path) -> LLMConfig:
-    """The method's LLM config with the cache and failure ledger placed in the output directory."""
+def llm_config_for(config: MethodConfig, output: Path, role: str = "") -> LLMConfig:
+    """The method's LLM config (or a role's: `role="judge"`, "teacher", ...) with cache and ledger in the output directory."""
+    llm = config.llm if not role else getattr(config, role).llm
+    prefix = f"_{role}" if role else ""
     updates: dict[str, Any] = {}
-    if config.cache and config.llm.cache_path is None:
-        updates["cache_path"] = str(output / "_llm_cache.sqlite")
-    if config.llm.ledger_path is None:
-        updates["ledger_path"] = str(output / "_llm_ledger.jsonl")
-    return config.llm.model_copy(update=updates)
+    if config.cache and llm.cache_path is None:
+        updates["cache_path"] = str(output / f"{prefix}_llm_cache.sqlite")
+    if llm.ledger_path is None:
+        updates["ledger_path"] = str(output / f"{prefix}_llm_ledger.jsonl")
+    return llm.model_copy(update=updates)

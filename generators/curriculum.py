@@ -1,67 +1,151 @@
-"""Curriculum and task evolution (DreamGym / AgentGen Bi-Evol), kept verifiable.
+"""Curriculum and task evolution (DreamGym / AgentGen Bi-Evol): new tasks, harder and easier, kept only if verifiable.
 
-The run goes in rounds. Round 0 attempts every seed task; each attempt is `rollouts` rollouts
-(one MCTS expansion of the root: `rollouts` first actions sampled in one call, each continued
-greedily), and the rewards are tracked per task (`RewardTracker`). The next round's tasks are
-chosen by reward variance across those rollouts: tasks neither always nor never solved (mean
-strictly inside `band`) are ranked by variance and the `select` highest are evolved easier and
-harder. Evolution keeps tasks verifiable: the model writes a new instruction (structured
-`EvolvedTask`), which is mapped to the most similar environment-generated task (word overlap)
-among `candidates` with fewer (easier) or more (harder) reference actions. An evolved task is
-attempted in the next round; its rollouts are kept only if its mean reward lands in the band
-again (then it competes for the following round, up to `generations` rounds), else they are
-rejected with the reason. Seed rollouts are always written. Every rollout carries
-`details["curriculum"]` (task, generation, parent, mean reward, variance, in band).
+The run goes in rounds. Round 0 attempts every seed task (from any task source); each attempt is
+`rollouts` rollouts (one MCTS expansion of the root: `rollouts` first actions sampled in one
+call, each continued greedily), and the rewards are tracked per task (`RewardTracker`). As in
+DreamGym, the next round starts from the tasks the agent is least sure about: tasks neither
+always nor never solved (mean strictly inside `band`) ranked by reward variance; the `select`
+highest are evolved in both directions (AgentGen's Bi-Evol):
 
-Each round is an ordinary run over method tasks (`<seed id>` in round 0, `<parent>/<direction>`
-later), so a killed run resumes by task id; the tracker is rebuilt from what the output already
-holds (kept and rejected rollouts), so a resumed run selects the same tasks.
+- **evolve** — the model sees the seed task, its checkable specification, how it is solved (the
+  reference solution replayed in the environment, with what the tools returned: real ids to
+  build on), the rules and the tools, and writes ONE new task, easier (a simpler goal: fewer
+  conditions, fewer steps, a goal nearer the start) or harder (more conditions or constraints,
+  more steps, a related second request), with what makes it checkable.
+- **check** (the evolution check) — the new task is kept only if the environment can verify it,
+  in the way `verify` names (`auto`: criteria when the seed has reference actions, else a code
+  check where the world exposes a state, else the environment's own reward):
+  - `criteria`: tau2-style criteria the model writes (`actions`, `communicate_info`) in the task's
+    goal; the environment evaluates them and its reference solution must pass;
+  - `code`: a Python `verify(state)` the model writes, run in the sandbox on the world's state
+    (self-challenging's Code-as-Task machinery), with the model's solution;
+  - `reward`: a goal in the environment's own format (a page or goal check) and the model's solution.
+  In every mode the solution must succeed (its calls accepted by the world), a do-nothing
+  episode must fail, and each of the model's wrong solutions must fail. Failing variants are
+  filtered by "evolution_check" with the reason and every check's verdict.
+- **attempt** — a kept variant is attempted like a seed (rewards from the environment's
+  evaluation, or from the sandboxed verifier on each rollout's final state); its rollouts are
+  kept only if its mean reward lands in the band again (then it competes for the following
+  round, up to `generations` rounds), else rejected with the reason.
+
+Seed rollouts are always written. Every rollout carries `details["curriculum"]` (task,
+generation, parent, mean reward, variance, in band); a variant's also `details["evolution"]`
+(mode, checks with their reasons). Each round is an ordinary run over method tasks (`<seed id>`
+in round 0, `<parent>/<direction>` later), so a killed run resumes by task id; the tracker is
+rebuilt from what the output already holds, so a resumed run selects the same tasks.
 """
 
 from __future__ import annotations
 
-import re
+import asyncio
+import json
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from envs.base import Environment, Task
-from envs.registry import make_env
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from envs.base import Environment, Evaluation, Task
+from envs.criteria import CRITERIA_KEYS
+from filters import step_judge
+from generators._episode import act
+from generators.base import RunSummary, TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.mcts import MCTS, SearchConfig
 from generators.registry import register_method
-from schemas.models import Trajectory
+from generators.self_challenging import SandboxLimits, ToolCall, _state_shape, env_state, run_verifier
+from generators.transcript import tools_block
+from schemas.models import Action, ApiAction, MessageAction, Step, TextObservation, Trajectory
 from schemas.store import Dataset
 
-EVOLVE = (
-    "Here is a customer-service task an agent solves about {rate:.0%} of the time:\n{instruction}\n\n"
-    "Write a new, {direction} task of the same kind for the same shop (more steps make it harder, fewer "
-    "easier). Reply with JSON: {{\"instruction\": \"...\", \"direction\": \"{direction}\"}}."
+Mode = Literal["criteria", "code", "reward"]
+# Goals a world checks as tau2-style criteria: reference actions, what to tell the user (tau2's
+# communicate_info, the retail world's outputs), a precomputed state digest. A goal with other keys
+# (a site's evaluation checks, a page's own task) is checked the world's own way.
+TAU2_STYLE = frozenset({*CRITERIA_KEYS, "outputs", "state_hash"})
+
+EVOLVE_SYSTEM = (
+    "You evolve tasks for training an AI agent, in both directions: easier and harder. You get a seed task of "
+    "an environment, what makes it checkable, how it is solved (with what the tools returned) and how often the "
+    "agent solves it now. Write ONE new task for the same environment and the same user that is {rule} "
+    "The new task must be a different request, feasible with the tools and with data that exists (use ids and "
+    "values you have seen), stated by the user in the first person with the details the agent needs, and "
+    "checkable: {check}\n\n# Rules the agent follows\n{policy}\n\n# Tools (JSON, one per line)\n{tools}"
+)
+DIRECTIONS = {
+    "easier": "EASIER than the seed: simplify its goal: fewer conditions to satisfy, fewer steps, a goal nearer "
+              "the starting state (for example one part of the seed on its own).",
+    "harder": "HARDER than the seed: add conditions or constraints the agent must satisfy, more steps or more "
+              "information to gather, or a related second request to handle in the same conversation.",
+}
+CHECKS = {
+    "criteria": "write its criteria as tau2-bench does: \"actions\", the tool calls that do it, in order, and "
+                "\"communicate_info\", the facts the agent must tell the user (may be empty); and "
+                "\"wrong_solutions\": one to three plausible lists of tool calls that must NOT satisfy it.",
+    "code": "write \"verifier\", Python source defining `def verify(state) -> bool` (standard library only) that "
+            "returns True exactly when the task is done, `state` being the environment state after the episode, "
+            "shaped as shown; \"solution\", the tool calls that do it; \"final_answer\", what the agent tells the "
+            "user at the end (may be empty); and \"wrong_solutions\": one to three plausible lists of tool calls "
+            "that must NOT satisfy it.",
+    "reward": "write \"goal\", the environment's own success check for it, in the same format as the seed's goal; "
+              "\"solution\", the tool calls that do it; \"final_answer\", what the agent tells the user at the "
+              "end (may be empty); and \"wrong_solutions\": one to three plausible lists of tool calls that must "
+              "NOT satisfy it.",
+}
+EVOLVE_USER = (
+    "EVOLVE TASK ({direction})\nSeed task: {instruction}\nThe agent solves it {rate:.0%} of the time.\n\n"
+    "{spec}\n\nHow the seed is solved (agent steps numbered, with what came back):\n{solution}"
 )
 
 
-class EvolvedTask(BaseModel):
-    instruction: str
-    direction: Literal["easier", "harder"]
+class _Variant(BaseModel):
+    instruction: str = Field(min_length=1)
+    wrong_solutions: list[list[ToolCall]] = Field(min_length=1, max_length=3)
 
 
-class CurriculumConfig(MethodConfig):
+class CriteriaVariant(_Variant):
+    actions: list[ToolCall] = Field(min_length=1)
+    communicate_info: list[str] = Field(default_factory=list)
+
+
+class CodeVariant(_Variant):
+    verifier: str = Field(min_length=1)
+    solution: list[ToolCall] = Field(min_length=1)
+    final_answer: str = ""
+
+
+class GoalVariant(_Variant):
+    goal: dict[str, Any]
+    solution: list[ToolCall] = Field(min_length=1)
+    final_answer: str = ""
+
+
+SCHEMAS: dict[str, type[_Variant]] = {"criteria": CriteriaVariant, "code": CodeVariant, "reward": GoalVariant}
+
+
+class CurriculumConfig(EnvMethodConfig):
     method: Literal["curriculum"] = "curriculum"
-    env: str = "retail"
-    env_config: dict[str, Any] = Field(default_factory=dict)
-    num_tasks: int = Field(8, ge=1)
-    task_seed: int = 0
-    task_ids: list[str] | None = None
-    candidates: int = Field(32, ge=1, description="environment tasks (another seed) evolution may map to")
+    verify: Literal["auto", "criteria", "code", "reward"] = Field(
+        "auto", description="how an evolved task proves checkable: auto (criteria when the seed has reference "
+                            "actions, else code where the world has a state, else the world's reward)")
     rollouts: int = Field(4, ge=2)
     band: tuple[float, float] = Field((0.0, 1.0), description="keep tasks whose mean reward is strictly inside")
     generations: int = Field(1, ge=0, description="evolution rounds after the seed round")
     select: int = Field(2, ge=1, description="tasks evolved per round: the in-band ones with the highest reward variance")
-    max_depth: int = Field(10, ge=1)
     temperature: float = 1.0
+    evolve_temperature: float = Field(0.7, ge=0, description="sampling temperature of the task writer")
+    max_solution_chars: int = Field(4000, ge=200, description="the seed's solved transcript shown to the writer")
+    sandbox: SandboxLimits = Field(default_factory=SandboxLimits, description="limits of a code check's verifier")
+
+    @model_validator(mode="after")
+    def _code_needs_a_state(self) -> CurriculumConfig:
+        from envs.registry import env_class
+
+        if self.verify == "code" and "state" not in env_class(self.env).offers(self.env_config):
+            raise ValueError(f"curriculum with verify: code needs a state a verifier can read (state()); "
+                             f"environment {self.env!r} does not offer it")
+        return self
 
 
 class RewardTracker:
@@ -97,56 +181,67 @@ class RewardTracker:
         return sorted(ids, key=lambda t: -self.variance(t))[:k]
 
 
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z]+", text.lower()))
+@dataclass
+class Check:
+    """One case of an evolution check: the steps it took, whether the task counted it solved, and why."""
+
+    case: str
+    steps: list[Step]
+    passed: bool
+    reason: str
+    refused: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"case": self.case, "passed": self.passed, "reason": self.reason,
+                **({"refused": self.refused} if self.refused else {})}
 
 
-def nearest_task(instruction: str, parent: Task, pool: list[Task], direction: str) -> Task | None:
-    """The pool task most similar to `instruction` that is easier / harder than `parent` (reference actions)."""
-    n = len(parent.goal.get("actions", []))
-    fits = [t for t in pool if t.id != parent.id and (len(t.goal.get("actions", [])) < n if direction == "easier"
-                                                      else len(t.goal.get("actions", [])) > n)]
-    words = _words(instruction)
+def _actions(calls: Iterable[ToolCall], final_answer: str = "") -> list[Action]:
+    out: list[Action] = [ApiAction(function=c.name, arguments=c.arguments) for c in calls]
+    if final_answer.strip():
+        out.append(MessageAction(content=final_answer.strip()))
+    return out
 
-    def score(t: Task) -> float:
-        other = _words(t.instruction)
-        return len(words & other) / max(len(words | other), 1)
 
-    return max(fits, key=score, default=None)  # max keeps the first on ties: deterministic
+def _criteria(goal: dict[str, Any]) -> dict[str, Any]:
+    """A seed's reference actions and what the user must hear, in tau2's shape."""
+    actions = [{"name": a.get("function") or a.get("name"), "arguments": a.get("arguments") or {}}
+               for a in goal.get("actions") or []]
+    return {"actions": actions, "communicate_info": [str(x) for x in goal.get("communicate_info") or
+                                                     goal.get("outputs") or []]}
+
+
+def _checked(goal: dict[str, Any]) -> Any:
+    """What a goal checks, comparable across the retail world's and tau2's spelling of criteria."""
+    return _criteria(goal) if set(goal) <= TAU2_STYLE else goal
+
+
+def _scenario(seed: dict[str, Any], request: str) -> dict[str, Any]:
+    """A simulated user's brief (tau2's `user_scenario`) for the new request: the same person, knowing what they
+    knew (`known_info`), now calling about the new task; the seed's other instructions belong to the seed."""
+    instructions = seed.get("instructions")
+    known = instructions.get("known_info") if isinstance(instructions, dict) else None
+    brief = {"reason_for_call": request, "task_instructions": request, **({"known_info": known} if known else {})}
+    if isinstance(instructions, dict) and instructions.get("domain"):
+        brief["domain"] = instructions["domain"]
+    return {**seed, "instructions": brief}
 
 
 @register_method
-class Curriculum(GenerationMethod):
-    """DreamGym / AgentGen: roll out tasks, evolve the highest-variance ones easier / harder, keep those in band."""
+class Curriculum(EnvMethod):
+    """DreamGym / AgentGen: roll out tasks, evolve the highest-variance ones easier / harder, keep those checkable and in band."""
 
     name = "curriculum"
     Config = CurriculumConfig
-    templates = (EVOLVE,)
+    templates = (EVOLVE_SYSTEM, *DIRECTIONS.values(), *CHECKS.values(), EVOLVE_USER)
     config: CurriculumConfig
 
     def __init__(self, config: CurriculumConfig, llm: Any):
         super().__init__(config, llm)
         self.tracker = RewardTracker(config.band)
-        self._seeds: dict[str, Task] | None = None
-        self._pool: list[Task] | None = None
-
-    def make_env(self) -> Environment:
-        return make_env(self.config.env, **self.config.env_config)
 
     def seed_tasks(self) -> dict[str, Task]:
-        if self._seeds is None:
-            with self.make_env() as env:
-                tasks = env.generate_tasks(self.config.num_tasks, seed=self.config.task_seed)
-                self._pool = env.generate_tasks(self.config.candidates, seed=self.config.task_seed + 1)
-            if self.config.task_ids is not None:
-                tasks = [t for t in tasks if t.id in set(self.config.task_ids)]
-            self._seeds = {t.id: t for t in tasks}
-        return self._seeds
-
-    def pool(self) -> list[Task]:
-        self.seed_tasks()
-        assert self._pool is not None
-        return self._pool
+        return self.env_tasks()
 
     def tasks(self) -> Iterable[TaskSpec]:
         for t in self.seed_tasks().values():
@@ -167,7 +262,7 @@ class Curriculum(GenerationMethod):
                      for parent in chosen for direction in ("easier", "harder")]
             if not specs:
                 break
-            summary = _merge(summary, await super().run(specs, output, progress=progress))
+            summary = summary.merge(await super().run(specs, output, progress=progress))
         return summary
 
     def load_tracker(self, output: Dataset) -> dict[str, Task]:
@@ -183,70 +278,188 @@ class Curriculum(GenerationMethod):
             known.setdefault(info["task_id"], Task.model_validate(traj.details["task"]))
         return known
 
-    # ---- one method task --------------------------------------------------------------------------
-    async def attempt(self, task: Task, key: str, generation: int, parent: str | None) -> list[Trajectory]:
+    # ---- rollouts -------------------------------------------------------------------------------
+    async def attempt(self, task: Task, key: str, generation: int, parent: str | None,
+                      **details: Any) -> list[Trajectory]:
         """`rollouts` attempts at `task`, tagged with the method task id `key` and the task's statistics."""
-        with self.make_env() as env:
-            tools = env.tools()
-        policy = AgentPolicy(self.llm, tools, temperature=self.config.temperature)
-        greedy = AgentPolicy(self.llm, tools, temperature=0.0)
-        search = SearchConfig(iterations=1, generations=self.config.rollouts, max_depth=self.config.max_depth,
+        policy = self.policy(self.config.temperature)
+        greedy = self.policy(0.0)
+        search = SearchConfig(iterations=1, generations=self.config.rollouts, max_depth=self.config.max_steps,
                               dedupe_children=False)
         tree = await MCTS(self.make_env, policy, search, rollout_policy=greedy).search(task)
-        rewards = [float(child.outcome or 0.0) for child in tree.root.children]
+        paths = [(child.path_steps(), child.evaluation) for child in tree.root.children]
+        if "verifier" in task.goal:  # a code-checked task: its verifier judges each rollout's final state
+            paths = [(steps, await self._verified(task, steps)) for steps, _ in paths]
+        rewards = [ev.reward if ev is not None else 0.0 for _, ev in paths]
         stats = RewardTracker.of(self.config.band, key, rewards)
         info = {"task_id": key, "generation": generation, "parent": parent, "mean_reward": stats.mean(key),
                 "variance": stats.variance(key), "in_band": stats.in_band(key)}
-        return [
-            Trajectory(
-                id=f"{self.name}/{key}/g{generation}/r{i}", source=self.name, steps=child.path_steps(),
-                tools=tools, reward=reward, success=reward >= 1.0,
-                provenance=self.provenance(task.id, parents=[parent] if parent else [], seed=task.seed),
-                details={"task": task.model_dump(mode="json"), "env": self.config.env,
-                         "env_config": self.config.env_config, "curriculum": info},
-            )
-            for i, (child, reward) in enumerate(zip(tree.root.children, rewards))
-        ]
+        out = []
+        for i, (steps, evaluation) in enumerate(paths):
+            traj = self.trajectory(task, "", steps, evaluation, parents=[parent] if parent else [],
+                                   curriculum=info, **details)
+            out.append(traj.model_copy(update={"id": f"{self.name}/{key}/g{generation}/r{i}"}))
+        return out
 
-    async def evolve(self, task: Task, direction: str, rate: float) -> Task | None:
-        prompt = EVOLVE.format(rate=rate, instruction=task.instruction, direction=direction)
-        answer = await self.llm.structured([{"role": "user", "content": prompt}], EvolvedTask, temperature=0.7)
-        if answer is None:
-            return None
-        found = nearest_task(answer.instruction, task, self.pool(), direction)
-        if found is None:
-            return None
-        return found.model_copy(update={"metadata": {**found.metadata, "evolved_from": task.id, "direction": direction,
-                                                     "proposed_instruction": answer.instruction}})
+    async def _verified(self, task: Task, steps: list[Step]) -> Evaluation:
+        async with self.make_env() as env:
+            await env.replay(task, steps)
+            return await self.outcome(env, task)
 
+    async def outcome(self, env: Environment, task: Task) -> Evaluation:
+        """The episode's outcome: the task's sandboxed verifier on the world's state, else the world's evaluation."""
+        code = task.goal.get("verifier")
+        if code is None:
+            return await env.evaluate()
+        verdict = await asyncio.to_thread(run_verifier, code, env_state(env), self.config.sandbox)
+        reason = verdict.error or f"verify(state) returned {verdict.value}"
+        return Evaluation(1.0 if verdict.passed else 0.0, verdict.passed, reason, {"verifier": verdict.model_dump()})
+
+    # ---- evolution ------------------------------------------------------------------------------
+    def mode(self, seed: Task) -> Mode:
+        if self.config.verify != "auto":
+            return self.config.verify
+        if isinstance(seed.goal.get("actions"), list) and set(seed.goal) <= TAU2_STYLE:
+            return "criteria"
+        return "code" if "state" in self.envs.cls.offers(self.config.env_config) else "reward"
+
+    async def _solved_transcript(self, seed: Task) -> tuple[str, Any]:
+        """The seed's reference solution replayed in the world (text for the writer), and the world's state before it."""
+        async with self.make_env() as env:
+            await env.reset(seed)
+            state = env_state(env) if callable(getattr(env, "state", None)) else None
+            actions = await env.reference_solution(seed)
+            if not actions:
+                return "(no reference solution is known)", state
+            steps = list(env.history)
+            for action in actions:
+                if env.done:
+                    break
+                a, obs, _ = await act(env, action, len(steps))
+                steps += [a, obs]
+        text = step_judge.numbered_path(steps)
+        limit = self.config.max_solution_chars
+        return (text if len(text) <= limit else text[:limit] + " [...]"), state
+
+    async def evolve(self, seed: Task, direction: str, rate: float, mode: Mode) -> _Variant | None:
+        solution, state = await self._solved_transcript(seed)
+        if mode == "criteria":
+            spec = f"Seed criteria (tau2-style):\n{json.dumps(_criteria(seed.goal))}"
+        elif mode == "code":
+            spec = f"State shape:\n{_state_shape(state)}"
+        else:
+            spec = f"Seed goal (the environment's own check):\n{json.dumps(seed.goal, default=str)}"
+        system = EVOLVE_SYSTEM.format(rule=DIRECTIONS[direction], check=CHECKS[mode],
+                                      policy=self._policy_text or "(no rules given)", tools=tools_block(self.tools))
+        user = EVOLVE_USER.format(direction=direction, instruction=seed.instruction, rate=rate, spec=spec,
+                                  solution=solution)
+        return await self.llm.structured([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                         SCHEMAS[mode], temperature=self.config.evolve_temperature)
+
+    def variant_task(self, seed: Task, spec: TaskSpec, answer: _Variant, mode: Mode) -> tuple[Task, list[Action] | None]:
+        """The new task (its goal per mode) and the solution to check it with (None: the env's reference solution)."""
+        solution: list[Action] | None = None
+        if isinstance(answer, CriteriaVariant):
+            goal: dict[str, Any] = {"actions": [c.model_dump() for c in answer.actions],
+                                    "communicate_info": answer.communicate_info}
+        elif isinstance(answer, CodeVariant):
+            goal = {"verifier": answer.verifier}
+            solution = _actions(answer.solution, answer.final_answer)
+        else:
+            assert isinstance(answer, GoalVariant)
+            goal = answer.goal
+            solution = _actions(answer.solution, answer.final_answer)
+        metadata = {**seed.metadata, "evolved_from": seed.id, "direction": spec.payload["direction"],
+                    "generation": spec.payload["generation"], "verify": mode}
+        if isinstance(seed.metadata.get("user_scenario"), dict):
+            metadata["user_scenario"] = _scenario(seed.metadata["user_scenario"], answer.instruction.strip())
+        if solution is not None:
+            metadata["solution"] = [s.model_dump(mode="json", exclude_defaults=True) for s in solution]
+        task = seed.model_copy(update={"id": spec.id, "instruction": answer.instruction.strip(), "goal": goal,
+                                       "metadata": metadata})
+        return task, solution
+
+    async def run_check(self, task: Task, case: str, actions: list[Action]) -> Check:
+        """Run `actions` in a fresh episode of `task`; whether the outcome counts as solved, and why."""
+        async with self.make_env() as env:
+            steps = list(await env.reset(task))
+            refused = []
+            for n, action in enumerate(actions, 1):
+                if env.done:
+                    break
+                a, obs, result = await act(env, action, len(steps))
+                steps += [a, obs]
+                if result.info.get("error"):
+                    refused.append(f"action {n} ({getattr(action, 'function', 'message')}): {result.info['error']}")
+            outcome = await self.outcome(env, task)
+        return Check(case, steps, outcome.success, outcome.reason, refused)
+
+    async def check(self, task: Task, seed: Task, solution: list[Action] | None,
+                    answer: _Variant) -> tuple[str | None, list[Check]]:
+        """(why the variant is not verifiable, or None; the checks run). It must check something else than the
+        seed, its solution must pass, doing nothing and every wrong solution must fail."""
+        if _checked(task.goal) == _checked(seed.goal):
+            return "the new task checks exactly what the seed checks: it is not a new task", []
+        if solution is None:
+            async with self.make_env() as env:
+                solution = await env.reference_solution(task)
+            if not solution:
+                return "the environment knows no reference solution for the task", []
+        checks = [await self.run_check(task, "solution", solution)]
+        if checks[0].refused:
+            return f"solution {checks[0].refused[0]} was refused", checks
+        if not checks[0].passed:
+            return f"the solution does not pass: {checks[0].reason}", checks
+        checks.append(await self.run_check(task, "do-nothing", []))
+        if checks[-1].passed:
+            return f"a do-nothing agent passes: {checks[-1].reason}", checks
+        for k, wrong in enumerate(answer.wrong_solutions, 1):
+            checks.append(await self.run_check(task, f"wrong solution {k}", _actions(wrong)))
+            if checks[-1].passed:
+                return f"wrong solution {k} passes: {checks[-1].reason}", checks
+        return None, checks
+
+    # ---- one method task --------------------------------------------------------------------------
     async def run_task(self, spec: TaskSpec) -> TaskResult:
         result = TaskResult()
         p = spec.payload
-        seed = "parent" not in p
-        if seed:
+        if "parent" not in p:  # a seed: its rollouts are always written, with their band flag
             trajs = await self.attempt(self.seed_tasks()[spec.id], spec.id, 0, None)
-        else:
-            evolved = await self.evolve(Task.model_validate(p["task"]), p["direction"], p["parent_mean"])
-            result.counts[f"evolved_{p['direction']}" if evolved else "evolve_failed"] += 1
-            if evolved is None:
-                return result
-            trajs = await self.attempt(evolved, spec.id, p["generation"], p["parent"])
+            result.counts["curriculum_in_band" if trajs and trajs[0].details["curriculum"]["in_band"]
+                          else "curriculum_out_of_band"] += 1
+            result.trajectories.extend(trajs)
+            return result
+        seed = Task.model_validate(p["task"])
+        mode = self.mode(seed)
+        answer = await self.evolve(seed, p["direction"], p["parent_mean"], mode)
+        if answer is None:
+            result.counts["evolve_failed"] += 1
+            result.reject(self._stub(seed, spec, [], {"mode": mode, "checks": []}), "evolution_check",
+                          "no valid evolved task from the model")
+            return result
+        task, solution = self.variant_task(seed, spec, answer, mode)
+        why, checks = await self.check(task, seed, solution, answer)
+        evolution = {"mode": mode, "checks": [c.as_dict() for c in checks],
+                     "reason": why or "; ".join(f"{c.case}: {'passes' if c.passed else 'fails'} ({c.reason})"
+                                                for c in checks)}
+        if why is not None:
+            result.counts[f"evolve_rejected_{p['direction']}"] += 1
+            result.reject(self._stub(task, spec, checks[0].steps if checks else [], evolution), "evolution_check", why)
+            return result
+        result.counts[f"evolved_{p['direction']}"] += 1
+        trajs = await self.attempt(task, spec.id, p["generation"], p["parent"], evolution=evolution)
         in_band = bool(trajs) and trajs[0].details["curriculum"]["in_band"]
         result.counts["curriculum_in_band" if in_band else "curriculum_out_of_band"] += 1
-        if seed or in_band:  # seed rollouts are always written, with their band flag
+        if in_band:
             result.trajectories.extend(trajs)
         else:
             for t in trajs:
                 result.reject(t, "curriculum_band", f"out of band: mean reward {t.details['curriculum']['mean_reward']:.2f}")
         return result
 
+    def _stub(self, task: Task, spec: TaskSpec, steps: list[Step], evolution: dict[str, Any]) -> Trajectory:
+        """The record of a variant that was not kept: its task, the solution's steps and the checks' verdicts."""
+        shown = steps or [TextObservation(content=task.instruction, source="user")]
+        traj = self.trajectory(task, "", shown, None, parents=[spec.payload["parent"]], evolution=evolution)
+        return traj.model_copy(update={"id": f"{self.name}/{spec.id}/g{spec.payload['generation']}/check"})
 
-def _merge(a: RunSummary, b: RunSummary) -> RunSummary:
-    """One summary for all rounds (the LLM stats are cumulative already)."""
-    a.tasks += b.tasks
-    a.skipped += b.skipped
-    a.processed += b.processed
-    a.counts.update(b.counts)
-    a.reasons.update(b.reasons)
-    a.llm = b.llm
-    return a

@@ -1,10 +1,13 @@
-"""Monte-Carlo tree search over any environment that can snapshot and restore its state.
+"""Monte-Carlo tree search over any environment: snapshot-capable ones and those restored by replay.
 
-A node holds the environment snapshot after its action and the history that led there. One
+A node holds a checkpoint of the environment after its action (a snapshot where the world can
+copy itself, else the history a fresh episode replays) and the history that led there. One
 iteration: select leaves by UCT (value / visits + c * sqrt(ln N_parent / N)), expand each with
 `generations` candidate actions drawn in ONE `propose(history, n=generations)` call (parallel
-samples), roll every new child out to a terminal state with the greedy policy (done, max depth,
-a negative step reward or an unreadable answer), and back-propagate the outcome reward.
+samples), roll every new child out to the end of its episode with the greedy policy through the
+one episode loop (`continue_episode`), and back-propagate the outcome: the environment's own
+evaluation at the end of every path (done, the depth cap, failed answers), whatever evaluates it
+(goal state, criteria, an LLM judge).
 
 Parallel expansion: the rollouts of one expansion (and, with `leaves_per_iteration > 1`, the
 expansions of several leaves picked under virtual loss) run concurrently (`asyncio.gather`),
@@ -12,8 +15,8 @@ each on its own environment from a small pool, so an iteration costs about one e
 plus the longest rollout chain of model calls; `SearchStats.critical_calls` counts exactly that.
 
 Determinism: children keep the proposal order, ties in UCT go to the earlier child, tool call
-ids are renumbered by position (`call_<step index>`), and identical proposals are merged, so a
-scripted model gives the same tree every time.
+ids are positional (`call_<step index>`), and identical proposals are merged, so a scripted
+model gives the same tree every time.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ from typing import Any, Callable
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import Environment, Snapshot, Task
+from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, Task, checkpoint, restore
+from generators._episode import act, continue_episode
 from generators.agent import AgentPolicy
-from schemas.models import Action, Observation, Step
-
-ACTION_KINDS = ("api", "code", "message")
+from schemas.models import Action, Step
 
 
 class SearchConfig(BaseModel):
@@ -53,7 +55,7 @@ class Node:
     id: int
     parent: Node | None
     history: list[Step]
-    snapshot: Snapshot
+    point: Checkpoint
     depth: int = 0  # agent actions from the root
     terminal: bool = False
     children: list[Node] = field(default_factory=list)
@@ -62,6 +64,7 @@ class Node:
     # The greedy continuation from this node to a terminal state, and the outcome of the whole path.
     rollout: list[Step] = field(default_factory=list)
     outcome: float | None = None
+    evaluation: Evaluation | None = None
 
     @property
     def action(self) -> Action | None:
@@ -93,6 +96,7 @@ class SearchStats:
     duplicate_samples: int = 0
     unreadable_samples: int = 0
     revisits: int = 0  # selections that ended on a terminal / depth-capped node
+    replays: int = 0  # restores by replaying a recorded history (worlds that cannot snapshot)
 
     def as_counts(self) -> dict[str, int]:
         return {f"mcts_{k}": v for k, v in self.__dict__.items()}
@@ -118,101 +122,33 @@ def action_key(action: Action) -> str:
     return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def with_call_id(step: Step, index: int, call_id: str | None) -> Step:
-    """A copy of `step` whose tool call id is positional, so equal paths have equal content."""
-    if step.kind == "api":
-        return step.model_copy(update={"tool_call_id": f"call_{index}"})
-    if step.kind not in ACTION_KINDS and step.tool_call_id is not None:
-        return step.model_copy(update={"tool_call_id": call_id})
-    return step
-
-
-def renumber_calls(steps: list[Step]) -> list[Step]:
-    """Positional tool call ids for a whole trajectory (after splicing, ids must stay unique)."""
-    out: list[Step] = []
-    mapping: dict[str, str] = {}
-    for i, step in enumerate(steps):
-        if step.kind == "api":
-            new = f"call_{i}"
-            if step.tool_call_id:
-                mapping[step.tool_call_id] = new
-            out.append(step.model_copy(update={"tool_call_id": new}))
-        elif step.kind not in ACTION_KINDS and step.tool_call_id is not None:
-            out.append(step.model_copy(update={"tool_call_id": mapping.get(step.tool_call_id, step.tool_call_id)}))
-        else:
-            out.append(step)
-    return out
-
-
 class EnvPool:
-    """Environments for concurrent chains: each chain restores its own snapshot on a borrowed env."""
+    """Started environments for concurrent chains: each chain restores its own checkpoint on a borrowed env."""
 
     def __init__(self, factory: Callable[[], Environment]) -> None:
         self.factory = factory
         self._free: list[Environment] = []
         self._all: list[Environment] = []
 
-    def acquire(self) -> Environment:
-        if not self._free:
-            env = self.factory()
-            self._all.append(env)
-            return env
-        return self._free.pop()
+    async def acquire(self) -> Environment:
+        if self._free:
+            return self._free.pop()
+        env = self.factory()
+        self._all.append(env)
+        await env.start()
+        return env
 
     def release(self, env: Environment) -> None:
         self._free.append(env)
 
-    def close(self) -> None:
-        for env in self._all:
-            env.close()
-        self._all.clear()
-        self._free.clear()
+    @property
+    def replays(self) -> int:
+        return sum(env.replays for env in self._all)
 
-
-@dataclass
-class StepOutcome:
-    action: Action
-    observation: Observation
-    reward: float
-    done: bool
-    snapshot: Snapshot | None
-
-
-async def apply(env: Environment, snapshot: Snapshot | None, action: Action, index: int, *, keep: bool = True) -> StepOutcome:
-    """Restore `snapshot` on `env` (None: act on the current state), take `action` at step `index`.
-
-    The action gets the positional call id `call_<index>`; `keep` snapshots the state after it.
-    """
-    if snapshot is not None:
-        env.restore(snapshot)
-    action = with_call_id(action, index, None)  # type: ignore[assignment]
-    result = await env.astep(action)
-    obs = with_call_id(result.observation, index + 1, action.tool_call_id)  # type: ignore[arg-type]
-    return StepOutcome(action, obs, result.reward, result.done, env.snapshot() if keep else None)  # type: ignore[arg-type]
-
-
-async def rollout(
-    env: Environment, policy: AgentPolicy, history: list[Step], depth: int, max_depth: int,
-    *, guidance: str | None = None,
-) -> tuple[list[Step], float, int]:
-    """Greedy continuation from the env's current state: (new steps, outcome reward, model calls).
-
-    Ends on done (outcome = the final step reward), a negative step reward (that reward), an
-    unreadable answer (0.0) or `max_depth` agent actions (the environment's evaluation).
-    """
-    steps: list[Step] = []
-    calls = 0
-    while depth < max_depth:
-        proposal = (await policy.propose(history + steps, n=1, guidance=guidance))[0]
-        calls += 1
-        if proposal.action is None:
-            return steps, 0.0, calls
-        out = await apply(env, None, proposal.action, len(history) + len(steps), keep=False)
-        steps += [out.action, out.observation]
-        depth += 1
-        if out.done or out.reward < 0:
-            return steps, out.reward, calls
-    return steps, env.evaluate(), calls
+    async def close(self) -> None:
+        envs, self._all, self._free = self._all, [], []
+        for env in envs:
+            await env.close()
 
 
 class MCTS:
@@ -228,21 +164,20 @@ class MCTS:
         self.config = config
 
     async def search(self, task: Task) -> Tree:
-        env = self.pool.acquire()
         try:
-            first = await env.areset(task)
-            root = Node(0, None, [first], env.snapshot())
-        finally:
+            env = await self.pool.acquire()
+            opening = list(await env.reset(task))
+            root = Node(0, None, opening, checkpoint(env, opening))
             self.pool.release(env)
-        tree = Tree(task, root, [root], SearchStats())
-        try:
+            tree = Tree(task, root, [root], SearchStats())
             for _ in range(self.config.iterations):
                 leaves = self._select_leaves(tree)
                 chains = await asyncio.gather(*(self._grow(tree, leaf) for leaf in leaves))
                 tree.stats.iterations += 1
                 tree.stats.critical_calls += max(chains, default=0)
+            tree.stats.replays = self.pool.replays
         finally:
-            self.pool.close()
+            await self.pool.close()
         return tree
 
     # ---- selection ----------------------------------------------------------------------------
@@ -282,7 +217,7 @@ class MCTS:
         tree.stats.expansions += 1
         children: list[Node] = []
         seen: set[str] = set()
-        env = self.pool.acquire()
+        env = await self.pool.acquire()
         try:
             for p in proposals:
                 if p.action is None:
@@ -293,13 +228,17 @@ class MCTS:
                     tree.stats.duplicate_samples += 1
                     continue
                 seen.add(key)
-                out = await apply(env, leaf.snapshot, p.action, len(leaf.history))
+                await restore(env, leaf.point)
+                action, observation, result = await act(env, p.action, len(leaf.history))
                 tree.stats.env_steps += 1
-                assert out.snapshot is not None
-                child = Node(len(tree.nodes), leaf, leaf.history + [out.action, out.observation], out.snapshot,
-                             depth=leaf.depth + 1, terminal=out.done or out.reward < 0)
-                if child.terminal:
-                    child.outcome = out.reward
+                history = leaf.history + [action, observation]
+                child = Node(len(tree.nodes), leaf, history, checkpoint(env, history), depth=leaf.depth + 1,
+                             terminal=result.done)
+                if child.terminal or child.depth >= self.config.max_depth:
+                    # The path ends here: the environment's evaluation is its outcome.
+                    child.terminal = True
+                    child.evaluation = await env.evaluate()
+                    child.outcome = child.evaluation.reward
                 tree.nodes.append(child)
                 children.append(child)
         finally:
@@ -313,16 +252,19 @@ class MCTS:
     async def _simulate(self, tree: Tree, node: Node) -> int:
         if node.terminal:
             return 0
-        env = self.pool.acquire()
+        env = await self.pool.acquire()
         try:
-            env.restore(node.snapshot)
-            steps, outcome, calls = await rollout(env, self.rollout_policy, node.history, node.depth,
-                                                  self.config.max_depth)
+            await restore(env, node.point)
+            episode = await continue_episode(env, self.rollout_policy, node.history, max_steps=self.config.max_depth,
+                                             actions_taken=node.depth)
         finally:
             self.pool.release(env)
-        node.rollout, node.outcome = steps, outcome
+        node.rollout = episode.steps[len(node.history):]
+        node.evaluation = episode.evaluation
+        node.outcome = episode.reward
+        calls = episode.actions - node.depth + episode.parse_failures
         tree.stats.model_calls += calls
-        tree.stats.env_steps += sum(1 for s in steps if s.kind in ACTION_KINDS)
+        tree.stats.env_steps += episode.actions - node.depth
         return calls
 
     @staticmethod

@@ -17,7 +17,10 @@ shares its longest prefix (outcome gap >= beta). Each match gives:
   complete paths) and step level (IPR / Agent Q: prefix + the next action only). Member
   trajectories are written too (unique ids), so the DPO exporter can join them.
 
-Generated trajectories carry `details["task"]` / `details["env_config"]`, which the step
+Works on every environment: worlds that snapshot branch from copies, the others (MCP servers,
+browsers) by replaying a node's history in a fresh episode (`mcts_replays` counts them). Every
+path's outcome is the environment's own evaluation at its end (goal state, task criteria, an LLM
+judge). Generated trajectories carry `details["task"]` / `details["env_config"]`, which the step
 verification rules use to replay them.
 """
 
@@ -29,16 +32,15 @@ from typing import Any, Iterable, Literal
 
 from pydantic import Field
 
-from envs.base import Environment, Task
-from envs.registry import make_env
+from envs.base import ACTION_KINDS, Evaluation, Task
 from filters import step_judge, step_rules
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
-from generators.mcts import MCTS, SearchConfig, Tree, renumber_calls
+from generators._episode import renumber_calls
+from generators.base import TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
+from generators.failures import episode_failure
+from generators.mcts import MCTS, SearchConfig, Tree
 from generators.registry import register_method
 from schemas.models import MessageAction, Pair, Step, Trajectory
-
-ACTION_KINDS = ("api", "code", "message")
 
 REVISION_TEMPLATES = (
     "I realize my previous action was wrong: {reason} Let me go back and take a better approach.",
@@ -53,15 +55,9 @@ REVISION_PROMPT = (
 )
 
 
-class MCTSSpliceConfig(MethodConfig):
+class MCTSSpliceConfig(EnvMethodConfig):
     method: Literal["mcts_splice"] = "mcts_splice"
-    env: str = Field("retail", description="environment name (needs snapshot/restore)")
-    env_config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
-    num_tasks: int = Field(8, ge=1, description="tasks from env.generate_tasks(num_tasks, task_seed)")
-    task_seed: int = 0
-    task_ids: list[str] | None = Field(None, description="keep only these generated task ids")
     search: SearchConfig = Field(default_factory=SearchConfig)
-    agent_mode: Literal["tools", "text"] = "tools"
     temperature: float = Field(1.0, description="sampling temperature of expansions")
     rollout_temperature: float = Field(0.0, description="greedy rollouts")
     alpha: float = Field(0.5, description="a path is good when its outcome >= alpha")
@@ -81,6 +77,7 @@ class SearchPath:
     node: int
     steps: list[Step]
     reward: float
+    evaluation: Evaluation | None = None
 
 
 def complete_paths(tree: Tree) -> list[SearchPath]:
@@ -94,7 +91,7 @@ def complete_paths(tree: Tree) -> list[SearchPath]:
         key = hashlib.sha256("\x00".join(s.model_dump_json() for s in steps).encode()).hexdigest()
         if key not in seen:
             seen.add(key)
-            out.append(SearchPath(node.id, steps, float(node.outcome)))
+            out.append(SearchPath(node.id, steps, float(node.outcome), node.evaluation))
     return out
 
 
@@ -139,7 +136,7 @@ def splice(prefix_len: int, bad: list[Step], good: list[Step], error: int, revis
 
 
 @register_method
-class MCTSSplice(GenerationMethod):
+class MCTSSplice(EnvMethod):
     """Agent-R: MCTS over an environment; spliced revision trajectories and sibling preference pairs."""
 
     name = "mcts_splice"
@@ -147,38 +144,20 @@ class MCTSSplice(GenerationMethod):
     templates = (*REVISION_TEMPLATES, REVISION_PROMPT, *step_judge.TEMPLATES)
     config: MCTSSpliceConfig
 
-    def __init__(self, config: MCTSSpliceConfig, llm: Any):
-        super().__init__(config, llm)
-        self._tasks: dict[str, Task] | None = None
-
-    def make_env(self) -> Environment:
-        return make_env(self.config.env, **self.config.env_config)
-
-    def env_tasks(self) -> dict[str, Task]:
-        if self._tasks is None:
-            with self.make_env() as env:
-                tasks = env.generate_tasks(self.config.num_tasks, seed=self.config.task_seed)
-            if self.config.task_ids is not None:
-                tasks = [t for t in tasks if t.id in set(self.config.task_ids)]
-            self._tasks = {t.id: t for t in tasks}
-        return self._tasks
-
     def tasks(self) -> Iterable[TaskSpec]:
-        for t in self.env_tasks().values():
-            yield TaskSpec(id=t.id, instruction=t.instruction)
-
-    def policies(self, tools: list[Any]) -> tuple[AgentPolicy, AgentPolicy]:
-        cfg = self.config
-        return (AgentPolicy(self.llm, tools, mode=cfg.agent_mode, temperature=cfg.temperature),
-                AgentPolicy(self.llm, tools, mode=cfg.agent_mode, temperature=cfg.rollout_temperature))
+        return [TaskSpec(id=t.id, instruction=t.instruction) for t in self.env_tasks().values()]
 
     async def run_task(self, spec: TaskSpec) -> TaskResult:
         task = self.env_tasks()[spec.id]
-        with self.make_env() as env:
-            tools = env.tools()
-        expand, greedy = self.policies(tools)
-        tree = await MCTS(self.make_env, expand, self.config.search, rollout_policy=greedy).search(task)
+        expand = self.policy(self.config.temperature)
+        greedy = self.policy(self.config.rollout_temperature)
         result = TaskResult()
+        try:
+            tree = await MCTS(self.make_env, expand, self.config.search, rollout_policy=greedy).search(task)
+        except Exception as exc:  # noqa: BLE001 - classified and quarantined; the run goes on
+            stage, error = episode_failure(exc)
+            result.fail(spec.id, stage, error, {"task": task.id})
+            return result
         result.counts.update(tree.stats.as_counts())
         result.counts["mcts_nodes"] += len(tree.nodes)
         paths = complete_paths(tree)
@@ -191,20 +170,20 @@ class MCTSSplice(GenerationMethod):
 
         matches = match_paths(paths, self.config.alpha, self.config.beta, self.config.max_pairs_per_task)
         for good, bad, k in matches:
-            g_traj = keep(self._trajectory(task, tools, f"n{good.node}", good.steps, good.reward, "path"))
-            b_traj = keep(self._trajectory(task, tools, f"n{bad.node}", bad.steps, bad.reward, "path"))
+            g_traj = keep(self._trajectory(task, f"n{good.node}", good.steps, good, "path"))
+            b_traj = keep(self._trajectory(task, f"n{bad.node}", bad.steps, bad, "path"))
             if self.config.trajectory_pairs:
                 result.pairs.append(self._pair(task, g_traj, b_traj, k, "trajectory"))
             if self.config.step_pairs:
-                gs = keep(self._trajectory(task, tools, f"n{good.node}/a{k}", good.steps[: k + 1], good.reward, "step"))
-                bs = keep(self._trajectory(task, tools, f"n{bad.node}/a{k}", bad.steps[: k + 1], bad.reward, "step"))
+                gs = keep(self._trajectory(task, f"n{good.node}/a{k}", good.steps[: k + 1], good, "step"))
+                bs = keep(self._trajectory(task, f"n{bad.node}/a{k}", bad.steps[: k + 1], bad, "step"))
                 result.pairs.append(self._pair(task, gs, bs, k, "step"))
-            spliced = await self._splice(task, tools, good, bad, k, b_traj, result)
+            spliced = await self._splice(task, good, bad, k, b_traj, result)
             keep(spliced)
         if self.config.keep_best_good:
             best = max((p for p in paths if p.reward >= self.config.alpha), key=lambda p: (p.reward, -p.node), default=None)
             if best is not None:
-                keep(self._trajectory(task, tools, f"n{best.node}", best.steps, best.reward, "path"))
+                keep(self._trajectory(task, f"n{best.node}", best.steps, best, "path"))
         result.trajectories.extend(written.values())
         result.counts["spliced"] += sum(1 for t in written.values() if t.details.get("role") == "spliced")
         return result
@@ -212,11 +191,11 @@ class MCTSSplice(GenerationMethod):
     async def _first_error(self, bad: SearchPath, k: int, b_traj: Trajectory) -> tuple[int, str, str]:
         """(error step index, reason, where it came from); falls back to the divergence point."""
         if self.config.verifier == "llm":
-            index, reason = await step_judge.locate_first_error(self.llm, bad.steps, k)
+            index, reason = await step_judge.locate_first_error(self.judge_llm, bad.steps, k)
             if index is not None:
                 return index, reason, "llm"
         elif self.config.verifier == "rules":
-            labels = step_rules.rule_labels(b_traj)
+            labels = await step_rules.rule_labels(b_traj)
             index = step_rules.first_bad(labels, k)
             if index is not None:
                 return index, labels[index].reason, "rules"
@@ -232,26 +211,23 @@ class MCTSSplice(GenerationMethod):
         template = REVISION_TEMPLATES[int(hashlib.sha256(f"{task.id}/{node}".encode()).hexdigest(), 16) % len(REVISION_TEMPLATES)]
         return template.format(reason=reason)
 
-    async def _splice(self, task: Task, tools: list[Any], good: SearchPath, bad: SearchPath, k: int,
+    async def _splice(self, task: Task, good: SearchPath, bad: SearchPath, k: int,
                       b_traj: Trajectory, result: TaskResult) -> Trajectory:
         error, reason, source = await self._first_error(bad, k, b_traj)
         result.counts[f"first_error_{source}"] += 1
         revision = await self._revision(task, bad.steps[error], reason, bad.node)
         steps, masked = splice(k, bad.steps, good.steps, error, revision)
-        traj = self._trajectory(task, tools, f"n{bad.node}+n{good.node}/spliced", steps, good.reward, "spliced")
+        traj = self._trajectory(task, f"n{bad.node}+n{good.node}/spliced", steps, good, "spliced")
         traj.details["splice"] = {"prefix_len": k, "first_error": error, "error_source": source, "reason": reason,
                                   "masked": masked, "revision_index": masked[-1] + 1, "bad_node": bad.node,
                                   "good_node": good.node}
         traj.provenance.parent_ids = [f"{self.name}/{task.id}/n{bad.node}", f"{self.name}/{task.id}/n{good.node}"]
         return traj
 
-    def _trajectory(self, task: Task, tools: list[Any], key: str, steps: list[Step], reward: float, role: str) -> Trajectory:
-        return Trajectory(
-            id=f"{self.name}/{task.id}/{key}", source=self.name, steps=list(steps), tools=tools, reward=reward,
-            success=reward >= 1.0, provenance=self.provenance(task.id, seed=task.seed),
-            details={"role": role, "node": int(key.split("/")[0].split("+")[0][1:]), "task": task.model_dump(mode="json"), "env": self.config.env,
-                     "env_config": self.config.env_config},
-        )
+    def _trajectory(self, task: Task, key: str, steps: list[Step], path: SearchPath, role: str) -> Trajectory:
+        evaluation = path.evaluation or Evaluation.of(path.reward, "search outcome")
+        node = int(key.split("/")[0].split("+")[0][1:])
+        return self.trajectory(task, f"/{key}", steps, evaluation, role=role, node=node)
 
     def _pair(self, task: Task, chosen: Trajectory, rejected: Trajectory, k: int, level: Literal["trajectory", "step"]) -> Pair:
         good, bad = chosen.details["node"], rejected.details["node"]

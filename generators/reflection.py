@@ -1,112 +1,265 @@
-"""Reflection with masked errors (STeP / AgentRefine): repair a failed trajectory after its first error.
+"""Reflection with masked errors (STeP / AgentRefine): a teacher corrects a failed trajectory step by step.
 
-For each failed input trajectory (success false, with its environment task in `details["task"]`)
-the first error is located from its step labels (`locator: labels`, falling back to the rules),
-the retail/tool rules (`rules`) or the LLM verifier (`llm`). The corrected trajectory is: the
-steps before the error (trained), the erroneous action and its observation (train = false: kept
-as context, never trained), a reflection step (an assistant thought, a `MessageAction` tagged
-`extra["kind"] = "revision"`), and a new continuation: a fresh environment of the same task
-replays the trained actions before the error (so the state is the one before it), and the greedy
-agent continues with the reflection in its history. Kept only if the continuation succeeds;
-otherwise rejected with the reason.
+STeP has a teacher watch the agent act: at each step the teacher judges the agent's action;
+when it is wrong, the teacher writes a reflection and the corrected action, and the episode goes
+on from the corrected state; in training, the wrong steps stay as context with their loss masked
+(partial masking). Here, for each failed input trajectory (success false, with its environment
+task in `details["task"]`):
+
+1. **walk** — a fresh episode of the task replays the recorded actions one by one; the teacher
+   (`teacher.llm`, default the judge model) reviews each action with what the world answered.
+2. **correct** — at the first action the teacher calls wrong, the world is put back to the state
+   before it (snapshot restore, or a replay of the history), and the trajectory records the
+   wrong action and its observation (train = false, label bad, the teacher's reason in
+   `extra["teacher_reason"]`), the teacher's reflection (an assistant thought, a `MessageAction`
+   tagged `extra["kind"] = "revision"`), and the teacher's corrected action, taken in the world.
+3. **continue** — the greedy agent goes on from there, still under review: each later wrong step
+   is corrected the same way, up to `max_corrections`; after that the agent continues alone.
+
+The corrected trajectory is kept only if the environment's evaluation at its end is a success;
+otherwise it is filtered with the reason ("still failed ...", "the teacher found no wrong step
+...", "the teacher's correction ... was refused ..."). Every teacher verdict (correct or wrong)
+is recorded with its reason in `details["reflection"]["verdicts"]`.
 """
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from typing import Any, Iterable, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field, model_validator
 
-from envs.registry import make_env
+from backends.base import LLM
+from envs.base import Checkpoint, Environment, Task, restore, transitions
 from filters import step_judge, step_rules
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
-from generators.mcts import ACTION_KINDS, renumber_calls, rollout
+from generators._episode import Correction, act, continue_episode, renumber_calls
+from generators.agent import AgentPolicy, Proposal
+from generators.base import RoleModel, TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
-from schemas.models import MessageAction, Trajectory
+from generators.transcript import tools_block
+from schemas.models import Action, ApiAction, MessageAction, Step, Trajectory
 from schemas.store import Dataset
 
-REFLECTION = "I made a mistake in my last step: {reason} Let me reconsider and correct it."
+REVIEW_SYSTEM = (
+    "You are a teacher supervising an AI agent that serves a user with tools. You see the rules the agent "
+    "must follow, its tools, the conversation so far and the agent's latest step with what it produced. "
+    "Decide whether that step is correct. A step is wrong when it breaks a rule, calls the wrong tool or "
+    "uses wrong arguments, acts on facts it has not checked, repeats itself without progress, or ends the "
+    "conversation before the user's request is done.\n"
+    "If the step is wrong, write (1) a reflection in the agent's own voice (first person, one or two "
+    "sentences) that notices the mistake and says what to do instead, and (2) the corrected action: the "
+    "single step the agent should take instead, either a tool call {\"tool\": name, \"arguments\": {...}} or "
+    "a message to the user {\"message\": text}.\n"
+    "Answer with JSON: {\"verdict\": \"correct\" | \"wrong\", \"reason\": str, \"reflection\": str, "
+    "\"action\": {...} | null}; for a correct step leave the reflection empty and the action null."
+    "\n\n# Rules\n{policy}\n\n# Tools (JSON, one per line)\n{tools}"
+)
+REVIEW_USER = (
+    "REVIEW THE AGENT'S STEP\nTask: {task}\n\nConversation so far (agent steps are numbered):\n{history}\n\n"
+    "The step to review:\n{step}\n\nWhat it produced:\n{observation}"
+)
 
 
-class ReflectionConfig(MethodConfig):
+class CorrectedAction(BaseModel):
+    """The one step the agent should take instead: a tool call, or a message to the user."""
+
+    tool: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    message: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> CorrectedAction:
+        if (self.tool is None) == (self.message is None):
+            raise ValueError("give either a tool call (tool, arguments) or a message, not both or neither")
+        return self
+
+    def action(self) -> Action:
+        if self.tool is not None:
+            return ApiAction(function=self.tool, arguments=self.arguments)
+        return MessageAction(content=str(self.message))
+
+
+class TeacherVerdict(BaseModel):
+    """The teacher's review of one step."""
+
+    verdict: Literal["correct", "wrong"]
+    reason: str = Field(min_length=1)
+    reflection: str = ""
+    action: CorrectedAction | None = None
+
+    @model_validator(mode="after")
+    def _wrong_needs_a_fix(self) -> TeacherVerdict:
+        if self.verdict == "wrong" and (not self.reflection.strip() or self.action is None):
+            raise ValueError("a wrong step needs a reflection and the corrected action")
+        return self
+
+
+class ReflectionConfig(EnvMethodConfig):
     method: Literal["reflection"] = "reflection"
     input: str = Field(description="dataset directory with failed trajectories (details.task set)")
-    locator: Literal["labels", "rules", "llm"] = "labels"
-    max_depth: int = Field(10, ge=1, description="agent actions in the whole corrected trajectory")
-    agent_mode: Literal["tools", "text"] = "tools"
-    reflection_template: str = REFLECTION
+    teacher: RoleModel = Field(default_factory=RoleModel,
+                               description="the model that reviews and corrects; default: the judge model")
+    max_corrections: int = Field(3, ge=1, description="wrong steps corrected per trajectory; after that the agent "
+                                                      "continues unreviewed")
+    max_history_chars: int = Field(12_000, ge=500, description="conversation shown to the teacher (head and tail)")
+
+
+class ReplayThenAgent:
+    """Proposes the recorded actions in order; after the first correction, or when they run out, the agent acts."""
+
+    def __init__(self, recorded: Iterable[Action], agent: AgentPolicy) -> None:
+        self.recorded = deque(recorded)
+        self.agent = agent
+        self.deviated = False
+        self.source = "recorded"
+
+    async def propose(self, history: list[Step], *, n: int = 1, guidance: str | None = None) -> list[Proposal]:
+        if self.recorded and not self.deviated:
+            self.source = "recorded"
+            action = self.recorded.popleft()
+            return [Proposal(action.model_copy(update={"tool_call_id": None, "label": "unknown"}), "")]
+        self.source = "agent"
+        return await self.agent.propose(history, n=n, guidance=guidance)
+
+
+class TeacherReview:
+    """The reviewer of one episode: asks the teacher about every step, corrects wrong ones up to a cap."""
+
+    def __init__(self, method: Reflection, task: Task, proposer: ReplayThenAgent) -> None:
+        self.method = method
+        self.task = task
+        self.proposer = proposer
+        self.verdicts: list[dict[str, Any]] = []
+        self.corrections: list[dict[str, Any]] = []
+        self.counts: Counter[str] = Counter()
+
+    async def __call__(self, env: Environment, before: Checkpoint, history: list[Step], action: Action,
+                       observation: Step) -> Correction | None:
+        if len(self.corrections) >= self.method.config.max_corrections:
+            return None
+        index = len(history)
+        verdict = await self.method.review(self.task, history, action, observation)
+        self.counts["teacher_reviews"] += 1
+        if verdict is None:
+            self.counts["teacher_no_answer"] += 1
+            self.verdicts.append({"step": index, "verdict": None, "reason": "the teacher gave no valid answer"})
+            return None
+        self.verdicts.append({"step": index, "verdict": verdict.verdict, "reason": verdict.reason,
+                              "source": self.proposer.source})
+        if verdict.verdict == "correct":
+            return None
+        assert verdict.action is not None
+        await restore(env, before)  # the corrected action is taken where the wrong one was
+        self.counts["corrections"] += 1
+        self.proposer.deviated = True
+        wrong = [action.model_copy(update={"train": False, "label": "bad",
+                                           "extra": {**action.extra, "teacher_reason": verdict.reason}}),
+                 observation.model_copy(update={"train": False})]
+        reflection = MessageAction(content=verdict.reflection.strip(), extra={"kind": "revision"})
+        fixed, fixed_observation, result = await act(env, verdict.action.action(), index + 3)
+        self.corrections.append({"wrong_step": index, "reason": verdict.reason, "source": self.proposer.source,
+                                 "reflection_step": index + 2, "corrected_step": index + 3,
+                                 **({"refused": str(result.info["error"])} if result.info.get("error") else {})})
+        return Correction([*wrong, reflection, fixed, fixed_observation], result)
 
 
 @register_method
-class Reflection(GenerationMethod):
-    """STeP / AgentRefine: failed trajectory -> masked error + reflection + corrected continuation."""
+class Reflection(EnvMethod):
+    """STeP / AgentRefine: a teacher reviews a failed trajectory's steps; wrong ones are masked, reflected on and corrected."""
 
     name = "reflection"
     Config = ReflectionConfig
-    templates = (REFLECTION, *step_judge.TEMPLATES)
+    templates = (REVIEW_SYSTEM, REVIEW_USER)
     config: ReflectionConfig
+    uses_task_source = False
 
     def __init__(self, config: ReflectionConfig, llm: Any):
         super().__init__(config, llm)
         self._input: dict[str, Trajectory] | None = None
+        self.teacher_model: LLM | None = None
+
+    def prepare(self, output: Dataset) -> None:
+        super().prepare(output)
+        self.teacher_model = self.role_llm("teacher", output)
+
+    @property
+    def teacher(self) -> LLM:
+        """The teacher: its own model, else the judge model (the acting model itself, warned, when neither is set)."""
+        return self.teacher_model or self.judge_llm
+
+    def teacher_name(self) -> str:
+        cfg = self.config.teacher.llm or self.config.judge.llm or self.config.llm
+        return f"{cfg.backend}:{cfg.model}"
 
     def inputs(self) -> dict[str, Trajectory]:
         if self._input is None:
             self._input = {t.id: t for t in Dataset.open(self.config.input).iter_records()
-                           if not t.success and step_rules.task_of(t) is not None}
+                           if not t.success and (task := step_rules.task_of(t)) is not None
+                           and task.env == self.config.env}
         return self._input
 
     def tasks(self) -> Iterable[TaskSpec]:
         for tid in sorted(self.inputs()):
             yield TaskSpec(id=tid)
 
-    async def first_error(self, traj: Trajectory) -> tuple[int | None, str]:
-        if self.config.locator == "labels":
-            bad = next((i for i, s in enumerate(traj.steps) if s.kind in ACTION_KINDS and s.train and s.label == "bad"), None)
-            if bad is not None:
-                return bad, str(traj.steps[bad].extra.get("judge_reason", "the step was judged bad"))
-        if self.config.locator == "llm":
-            return await step_judge.locate_first_error(self.llm, traj.steps)
-        labels = step_rules.rule_labels(traj)
-        index = step_rules.first_bad(labels)
-        return index, labels[index].reason if index is not None else "no rule flags a step"
+    # ---- the teacher ----------------------------------------------------------------------------
 
-    async def run_task(self, task: TaskSpec) -> TaskResult:
-        traj = self.inputs()[task.id]
-        env_task = step_rules.task_of(traj)
-        assert env_task is not None
+    async def review(self, task: Task, history: list[Step], action: Action, observation: Step) -> TeacherVerdict | None:
+        shown = step_judge.numbered_path(history)
+        limit = self.config.max_history_chars
+        if len(shown) > limit:
+            shown = f"{shown[: limit // 4]}\n[...]\n{shown[-(limit - limit // 4):]}"
+        system = REVIEW_SYSTEM.replace("{policy}", self._policy_text or "(no rules given)").replace(
+            "{tools}", tools_block(self.tools))
+        user = REVIEW_USER.format(task=task.instruction, history=shown,
+                                  step=f"[{len(history)}] AGENT: {step_judge.describe(action)}",
+                                  observation=f"    SEEN: {step_judge.describe(observation)}")
+        return await self.teacher.structured([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                             TeacherVerdict, temperature=0.0)
+
+    # ---- one failed trajectory --------------------------------------------------------------------
+
+    async def run_task(self, spec: TaskSpec) -> TaskResult:
+        traj = self.inputs()[spec.id]
+        task = step_rules.task_of(traj)
+        assert task is not None
         result = TaskResult()
-        error, reason = await self.first_error(traj)
-        if error is None:
-            result.reject(traj, "first_error", f"not located: {reason}")
-            return result
-        end = error + 1 if error + 1 < len(traj.steps) and traj.steps[error + 1].kind not in ACTION_KINDS else error
-        prefix = list(traj.steps[:error])
-        masked = [s.model_copy(update={"train": False}) for s in traj.steps[error:end + 1]]
-        reason = reason.strip().rstrip(".") + "."
-        thought = MessageAction(content=self.config.reflection_template.format(reason=reason), extra={"kind": "revision"})
-        history = prefix + masked + [thought]
-        with make_env(env_task.env, **step_rules.env_config_of(traj)) as env:
-            tools = env.tools()
-            await env.areset(env_task)
-            depth = 0
-            for step in prefix:  # back to the state before the error
-                if step.kind in ACTION_KINDS and step.train and not step_rules.is_revision(step):
-                    await env.astep(step)  # type: ignore[arg-type]
-                    depth += 1
-            policy = AgentPolicy(self.llm, tools, mode=self.config.agent_mode, temperature=0.0)
-            steps, outcome, _ = await rollout(env, policy, history, depth + 1, self.config.max_depth)
-        fixed = Trajectory(
-            id=f"{self.name}/{traj.id}", source=self.name, steps=renumber_calls(history + steps), tools=tools,
-            reward=outcome, success=outcome >= 1.0, provenance=self.provenance(task.id, parents=[traj.id], seed=env_task.seed),
-            details={"role": "reflection", "task": env_task.model_dump(mode="json"), "env": env_task.env,
-                     "env_config": step_rules.env_config_of(traj),
-                     "reflection": {"first_error": error, "reason": reason, "masked": list(range(error, end + 1)),
-                                    "reflection_index": end + 1}},
-        )
-        if outcome < 1.0:
-            result.reject(fixed, "outcome", f"still failed: the corrected continuation got reward {outcome}")
-            return result
-        result.trajectories.append(fixed)
+        proposer = ReplayThenAgent((a for a, _ in transitions(traj.steps)), self.policy(0.0))
+        reviewer = TeacherReview(self, task, proposer)
+        async with self.make_env() as env:
+            await env.reset(task)
+            episode = await continue_episode(env, proposer, env.history, max_steps=self.config.max_steps,
+                                             max_parse_failures=self.config.max_parse_failures, reviewer=reviewer)
+            result.counts["replays"] += env.replays
+        result.counts.update(reviewer.counts)
+        steps = renumber_calls(episode.steps)
+        masked = [i for i, s in enumerate(steps) if not s.train and "parse_error" not in s.extra
+                  and not (s.kind == "text" and s.name == "parse_error")]
+        info = {"teacher": self.teacher_name(), "corrections": reviewer.corrections, "masked": masked,
+                "verdicts": reviewer.verdicts, "recorded_actions": len(transitions(traj.steps))}
+        if reviewer.corrections:  # the first error at the top level too, as the viewer shows it
+            first = reviewer.corrections[0]
+            info.update(first_error=first["wrong_step"], reflection_index=first["reflection_step"],
+                        reason=first["reason"])
+        fixed = self.trajectory(task, "", steps, episode.evaluation, parents=[traj.id], role="reflection",
+                                reflection=info, **episode.details())
+        fixed = fixed.model_copy(update={"id": f"{self.name}/{traj.id}"})
+        refused = next((c for c in reviewer.corrections if "refused" in c), None)
+        evaluation = episode.evaluation
+        assert evaluation is not None
+        if not reviewer.corrections:
+            last = reviewer.verdicts[-1]["reason"] if reviewer.verdicts else "no step was reviewed"
+            result.reject(fixed, "teacher", f"the teacher found no wrong step (last verdict: {last}); "
+                                            f"outcome: {evaluation.reason}")
+        elif refused is not None:
+            result.reject(fixed, "teacher", f"the teacher's correction at step {refused['corrected_step']} was refused: "
+                                            f"{refused['refused']}")
+        elif not evaluation.success:
+            result.reject(fixed, "outcome", f"still failed after {len(reviewer.corrections)} correction(s): "
+                                            f"reward {evaluation.reward}: {evaluation.reason}")
+        else:
+            result.trajectories.append(fixed)
+        result.counts["kept" if result.trajectories else "rejected"] += 1
         return result
+

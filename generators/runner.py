@@ -36,11 +36,17 @@ async def generate(
     ds = Dataset.create(output, stage=f"generate:{config.method}", config_hash=config.output_hash(), overwrite=overwrite)
     ds.recover()
     llm = make_llm(llm_config_for(config, output))
+    judge = make_llm(llm_config_for(config, output, "judge")) if config.judge.llm is not None else None
     method = get_method(config.method)(config, llm)
+    method.judge_model = judge
     try:
         summary = await method.run(method.tasks() if tasks is None else tasks, ds, progress=progress)
+        if judge is not None:
+            summary.llm["judge"] = judge.stats.as_dict()
     finally:
         await llm.aclose()
+        if judge is not None:
+            await judge.aclose()
     ds.mark_complete(
         {
             **dict(ds.unit_counts()),

@@ -1,47 +1,101 @@
-"""Simia-SFT: from one seed trajectory and a tool list, one model call writes a whole new trajectory.
+"""Simia-SFT: from one seed trajectory, its tools and its domain policy, one model call writes a whole new trajectory.
 
-The model plays every part (user, agent, tools) in a single transcript. The transcript is
-parsed (Hermes-style or JSON tool calls, JSON repaired), every call is checked strictly
-against the tool schemas (unknown tool, missing / extra / wrongly typed arguments reject
-the trajectory with the reason), hidden reasoning is stripped from visible text, and exact
-duplicates are dropped (ids are content hashes).
+Per seed, first the paper's **pre-filter**: the judge model reads the seed (with the tools and the
+policy) and says whether it is usable: complete, logically consistent, well-formed. A rejected seed
+is filtered (`seed_prefilter`, with the judge's reason) and none of its samples is synthesised.
+
+Per (seed, sample), **synthesis**: the model plays every part (user, agent, tools) in a single
+transcript, shown the tools, the policy and the seed's conversation. The transcript is parsed
+(Hermes-style or JSON tool calls, JSON repaired), every call is checked strictly against the tool
+schemas (unknown tool, missing / extra / wrongly typed arguments reject the trajectory with the
+reason), hidden reasoning is stripped from visible text, and exact duplicates are dropped (ids are
+content hashes).
+
+The output keeps the policy as its first turn, a system step (`TextObservation`, source
+"environment", name "system": exporters make it the system message). The policy comes from the
+config (`policy` text or `policy_file`), else the environment (`env`: its policy, e.g. an MCP env
+config's), else each seed's own system text. The tools come from `tools_file` (JSON / JSONL of tool
+declarations), else the environment (`env` + `env_config`: an MCP server lists its tools), else the
+seed's own tools; converted ADP data has none, so it needs one of the first two. Each output records
+where its tools and policy came from (`details.tools_source`, `details.policy_source`) and the
+verdicts that kept it (`details.verdicts`: the pre-filter's, the tool-call check's, dedup's).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from pathlib import Path
 from typing import Any, Iterable, Literal
 
 import orjson
-from pydantic import Field
+from pydantic import BaseModel, Field, model_validator
 
 from backends.errors import LLMRequestError
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
+from envs.spec import check_env
+from envs.toolspec import load_tools_file
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.seeds import load_seeds
-from generators.transcript import FORMAT_HELP, TranscriptError, parse_transcript, render_transcript, tools_block
-from schemas.models import Tool, Trajectory
+from generators.transcript import FORMAT_HELP, TranscriptError, parse_transcript, render_transcript, system_text, tools_block
+from schemas.models import TextObservation, Tool, Trajectory
 from schemas.store import Dataset
 from schemas.toolcalls import call_problem
 
 SYSTEM = (
-    "You generate training data for tool-using AI assistants. Given tools and an example "
-    "conversation, write one NEW realistic conversation in which a user asks for something "
-    "different that the same tools can do, the assistant calls the tools correctly (only the "
-    "tools listed, with arguments that match their JSON Schemas), plausible tool outputs follow, "
-    "and the assistant ends with a helpful answer."
+    "You generate training data for tool-using AI assistants. Given tools, the policy the assistant "
+    "follows and an example conversation, write one NEW realistic conversation in which a user asks for "
+    "something different that the same tools can do, the assistant follows the policy and calls the tools "
+    "correctly (only the tools listed, with arguments that match their JSON Schemas), plausible tool outputs "
+    "follow, and the assistant ends with a helpful answer. Do not write a system turn: the policy is kept "
+    "as the new conversation's system prompt."
 )
-USER = "Tools (JSON, one per line):\n{tools}\n\nExample conversation:\n{seed}\n\n{format}\n\nVariation #{variation}. Write the new conversation now."
+USER = "Tools (JSON, one per line):\n{tools}\n\n{policy}Example conversation:\n{seed}\n\n{format}\n\nVariation #{variation}. Write the new conversation now."
+POLICY = "Policy the assistant follows (the conversation's system prompt):\n{policy}\n\n"
+PREFILTER_SYSTEM = (
+    "You check seed conversations before they serve as examples for synthetic training data of tool-using "
+    "assistants. A seed is usable when it is complete (the user's request is handled to the end), logically "
+    "consistent (each assistant step follows from the request, the policy and the tool outputs before it; no "
+    "contradictions, no invented results), and well-formed (tool calls use only the listed tools, with "
+    "arguments that fit them, and obey the policy). Reply with JSON: {\"reason\": \"...\", \"usable\": true|false}."
+)
+PREFILTER_USER = "SEED CHECK\nTools (JSON, one per line):\n{tools}\n\n{policy}Seed conversation:\n{seed}"
+
+
+class SeedVerdict(BaseModel):
+    """The pre-filter's answer for one seed."""
+
+    reason: str
+    usable: bool
 
 
 class SimiaSFTConfig(MethodConfig):
     method: Literal["simia_sft"] = "simia_sft"
     seeds: list[str] = Field(default_factory=list, description="dataset directories or ADP JSON/JSONL files")
-    env: str | None = Field(None, description="take tools (and seed-free tasks) from a built-in environment")
+    env: str | None = Field(None, description="take the tools (and policy) from this environment (e.g. an MCP server)")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="the environment's settings")
+    tools_file: str | None = Field(None, description="take the tools from this JSON/JSONL file of tool declarations")
+    policy: str | None = Field(None, description="the domain policy (default: the env's, else each seed's system text)")
+    policy_file: str | None = Field(None, description="read the domain policy from this text file")
+    prefilter: bool = Field(True, description="the judge checks each seed before synthesis; rejected seeds are filtered")
     samples_per_seed: int = Field(2, ge=1)
     max_seeds: int | None = Field(None, ge=1)
     temperature: float = 0.8
     max_seed_chars: int = Field(6000, description="longer seed transcripts are cut to keep prompts small")
+
+    @model_validator(mode="after")
+    def _one_source_each(self) -> SimiaSFTConfig:
+        if self.env and self.tools_file:
+            raise ValueError("give the tools by env or by tools_file, not both")
+        if self.policy is not None and self.policy_file:
+            raise ValueError("give the policy as policy or policy_file, not both")
+        if self.policy_file and not Path(self.policy_file).is_file():
+            raise ValueError(f"policy_file: {self.policy_file} is not a file")
+        if self.tools_file:
+            load_tools_file(self.tools_file)  # a broken file is named now, not deep inside a run
+        if self.env:
+            check_env(self.env, self.env_config)
+        return self
 
 
 def content_id(trajectory_steps: list[Any], tools: list[Tool]) -> str:
@@ -51,39 +105,77 @@ def content_id(trajectory_steps: list[Any], tools: list[Tool]) -> str:
     return hashlib.sha256(data).hexdigest()[:20]
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 @register_method
 class SimiaSFT(GenerationMethod):
-    """Simia-SFT: one model call writes a whole new tool-use trajectory from a seed."""
+    """Simia-SFT: one model call writes a whole new tool-use trajectory from a pre-filtered seed."""
 
     name = "simia_sft"
     Config = SimiaSFTConfig
-    templates = (SYSTEM, USER, FORMAT_HELP)
+    templates = (SYSTEM, USER, POLICY, FORMAT_HELP, PREFILTER_SYSTEM, PREFILTER_USER)
     config: SimiaSFTConfig
 
     def __init__(self, config: SimiaSFTConfig, llm: Any):
         super().__init__(config, llm)
         self._seeds: list[Trajectory] | None = None
+        self._skipped_seeds = 0
         self._seen: set[str] = set()
-        self._env_tools: list[Tool] | None = None
+        # Tools and policy shared by every seed (from a file, the config or an environment), with their source.
+        self._tools: list[Tool] | None = None
+        self._tools_source: dict[str, Any] | None = None
+        self._policy: str | None = None
+        self._policy_source: str | None = None
+        self._verdicts: dict[int, asyncio.Future[SeedVerdict | None]] = {}
 
     def seeds(self) -> list[Trajectory]:
         if self._seeds is None:
-            seeds = [s for s in load_seeds(self.config.seeds) if any(step.kind == "api" for step in s.steps)]
+            loaded = load_seeds(self.config.seeds)
+            seeds = [s for s in loaded if any(step.kind == "api" for step in s.steps)]
+            self._skipped_seeds = len(loaded) - len(seeds)
             if self.config.max_seeds is not None:
                 seeds = seeds[: self.config.max_seeds]
             self._seeds = seeds
         return self._seeds
 
-    def tools_for(self, seed: Trajectory) -> list[Tool]:
-        if not self.config.env:
-            return seed.tools
-        if self._env_tools is None:
-            # Building an environment builds its world; do it once, not once per task.
-            from envs.registry import make_env
+    async def setup(self) -> None:
+        if self._tools_source is not None or self._policy_source is not None:
+            return
+        if self.config.policy is not None:
+            self._policy, self._policy_source = self.config.policy.strip() or None, "config"
+        elif self.config.policy_file:
+            self._policy, self._policy_source = Path(self.config.policy_file).read_text(encoding="utf-8").strip(), "policy_file"
+        if self.config.tools_file:
+            path = Path(self.config.tools_file)
+            self._tools = load_tools_file(path)
+            self._tools_source = {"kind": "file", "path": str(path), "sha256": _sha(path.read_text(encoding="utf-8"))}
+        elif self.config.env:
+            # A started environment lists its tools (an MCP server answers list_tools); once per run.
+            from envs.spec import EnvFactory, EnvSpec
 
-            with make_env(self.config.env, seed=self.config.seed) as env:
-                self._env_tools = env.tools()
-        return self._env_tools
+            factory = EnvFactory(EnvSpec(env=self.config.env, env_config=self.config.env_config), self.llm)
+            async with factory.make() as env:
+                self._tools = env.tools()
+                if self._policy_source is None and env.policy:
+                    self._policy, self._policy_source = env.policy, "env"
+            described = factory.describe()
+            self._tools_source = {"kind": "env", "env": described["name"], "config": described["config"]}
+            await factory.aclose()
+
+    def tools_for(self, seed: Trajectory) -> tuple[list[Tool], dict[str, Any]]:
+        """The tools a seed's synthesis uses, and where they come from."""
+        if self._tools is not None and self._tools_source is not None:
+            return self._tools, self._tools_source
+        return seed.tools, {"kind": "seed", "seed": seed.id}
+
+    def policy_for(self, seed: Trajectory) -> tuple[str | None, str | None]:
+        """(policy text, its source: config / policy_file / env / seed), or (None, None)."""
+        if self._policy_source is not None:
+            return self._policy, self._policy_source
+        text = system_text(seed.steps)
+        return (text, "seed") if text else (None, None)
 
     def tasks(self) -> Iterable[TaskSpec]:
         for index, seed in enumerate(self.seeds()):
@@ -94,22 +186,62 @@ class SimiaSFT(GenerationMethod):
         # Earlier runs into the same output count for dedup, so a resumed run adds no copy.
         self._seen |= {rid.rsplit("/", 1)[-1] for rid in output.ids()}
 
+    async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
+        summary = await super().run(tasks, output, progress=progress)
+        if self._skipped_seeds:
+            summary.report["seeds without tool calls (not used)"] = self._skipped_seeds
+        return summary
+
+    # ---- pre-filter -----------------------------------------------------------------------------
+
+    def seed_verdict(self, index: int, prompt: str) -> asyncio.Future[SeedVerdict | None]:
+        """The judge's verdict on seed `index`, asked once however many of its samples run at once."""
+        future = self._verdicts.get(index)
+        if future is None:
+            messages = [{"role": "system", "content": PREFILTER_SYSTEM}, {"role": "user", "content": prompt}]
+            future = asyncio.ensure_future(self.judge_llm.structured(messages, SeedVerdict, temperature=0.0))
+            self._verdicts[index] = future
+        return future
+
+    # ---- one sample -----------------------------------------------------------------------------
+
     async def run_task(self, task: TaskSpec) -> TaskResult:
-        seed = self.seeds()[task.payload["seed"]]
-        tools = self.tools_for(seed)
+        index, sample = task.payload["seed"], task.payload["sample"]
+        seed = self.seeds()[index]
+        tools, tools_source = self.tools_for(seed)
         result = TaskResult()
         if not tools:
-            result.fail(task.id, "simia_sft", "seed has no tool schemas and no env gives them", {"seed": seed.id})
+            result.fail(task.id, "simia_sft", "the seed has no tool schemas: give env or tools_file", {"seed": seed.id})
             return result
+        policy, policy_source = self.policy_for(seed)
+        policy_block = POLICY.format(policy=policy) if policy else ""
         transcript = render_transcript(seed.steps)[: self.config.max_seed_chars]
+        verdicts: dict[str, Any] = {}
+        if self.config.prefilter:
+            prompt = PREFILTER_USER.format(tools=tools_block(tools), policy=policy_block, seed=transcript)
+            try:
+                verdict = await asyncio.shield(self.seed_verdict(index, prompt))
+            except LLMRequestError as exc:
+                result.fail(task.id, "llm", str(exc), {"seed": seed.id})
+                return result
+            if verdict is None:
+                result.fail(task.id, "seed_prefilter", "no valid verdict from the judge", {"seed": seed.id})
+                return result
+            checked = {"usable": verdict.usable, "reason": verdict.reason, "model": self.judge_name}
+            if not verdict.usable:
+                if sample == 0:  # the seed is filtered once; its other samples are only counted
+                    rejected = seed.model_copy(update={"details": {**seed.details, "seed_prefilter": checked}})
+                    result.reject(rejected, "seed_prefilter", f"rejected seed: {verdict.reason}")
+                    result.counts["seeds_rejected"] += 1
+                else:
+                    result.counts["samples_of_rejected_seeds"] += 1
+                return result
+            result.counts["seeds_accepted"] += int(sample == 0)
+            verdicts["seed_prefilter"] = checked
         messages = [
             {"role": "system", "content": SYSTEM},
-            {
-                "role": "user",
-                "content": USER.format(
-                    tools=tools_block(tools), seed=transcript, format=FORMAT_HELP, variation=task.payload["sample"] + 1
-                ),
-            },
+            {"role": "user", "content": USER.format(tools=tools_block(tools), policy=policy_block, seed=transcript,
+                                                    format=FORMAT_HELP, variation=sample + 1)},
         ]
         try:
             completion = (await self.llm.chat(messages, temperature=self.config.temperature))[0]
@@ -122,31 +254,38 @@ class SimiaSFT(GenerationMethod):
         except TranscriptError as exc:
             result.fail(task.id, "parse", f"TranscriptError: {exc}", raw)
             return result
+        if policy:
+            steps = [TextObservation(content=policy, source="environment", name="system"), *steps]
         key = content_id(steps, tools)
         trajectory = Trajectory(
             id=f"{self.name}/{key}",
             source=self.name,
             steps=steps,
             tools=tools,
-            provenance=self.provenance(task.id, parents=[seed.id], seed=task.payload["sample"]),
-            details={"finish_reason": completion.finish_reason},
+            provenance=self.provenance(task.id, parents=[seed.id], seed=sample),
+            details={"finish_reason": completion.finish_reason, "seed": seed.id, "tools_source": tools_source,
+                     "policy_source": policy_source, **({"policy_sha256": _sha(policy)} if policy else {}),
+                     "verdicts": dict(verdicts)},
         )
+        kept_by = trajectory.details["verdicts"]
         if completion.finish_reason == "length":
             result.reject(trajectory, "complete_output", "truncated: the model hit its token limit")
             return result
-        for step in steps:
-            if step.kind == "api":
-                problem = call_problem(tools, step.function, step.arguments)
-                if problem is not None:
-                    result.reject(trajectory, "tool_call_check", f"{_reason_class(problem)}: {problem}")
-                    return result
-        if not any(s.kind == "api" for s in steps):
+        calls = [s for s in steps if s.kind == "api"]
+        for step in calls:
+            problem = call_problem(tools, step.function, step.arguments)
+            if problem is not None:
+                result.reject(trajectory, "tool_call_check", f"{_reason_class(problem)}: {problem}")
+                return result
+        if not calls:
             result.reject(trajectory, "tool_call_check", "no tool call: the transcript calls no tool")
             return result
+        kept_by["tool_call_check"] = {"passed": True, "reason": f"all {len(calls)} tool calls fit their schemas"}
         if key in self._seen:
             result.reject(trajectory, "dedup", f"duplicate of {trajectory.id}")
             return result
         self._seen.add(key)
+        kept_by["dedup"] = {"passed": True, "reason": "no earlier output has the same steps"}
         result.trajectories.append(trajectory)
         return result
 

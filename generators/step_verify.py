@@ -2,18 +2,31 @@
 
 Input: a dataset directory (`input`); one task per trajectory id; output: the same trajectories
 (same ids, in the new dataset directory) with each agent step's `label` set and the reason in
-`extra["judge_reason"]`. The labeler is the LLM step judge (`filters.step_judge`), the rule
-verifiers (`filters.step_rules`), or both (`judge: both`; `labels_from` picks whose label is
-written, the other's goes to `extra["rule_label"]` / `extra["llm_label"]`). With both, their
-agreement (rate and Cohen's kappa over steps both labeled) is in each trajectory's
-`details["step_verify"]`, in the run summary counts (`judge_agreement`, `judge_kappa`, and the
-confusion cells `llm_<label>_rules_<label>`) and in the output manifest (`step_verify`).
-Revision steps (thoughts spliced in by Agent-R) are left unlabeled.
+`extra["judge_reason"]`. The labeler is the LLM step judge (`filters.step_judge`, on the judge
+model), the rules (`filters.step_rules`), or both (`verifier: both`; `labels_from` picks whose
+label is written, the other's goes to `extra["rule_label"]` / `extra["llm_label"]` with its reason).
+
+The judge sees the rules the agent followed: `policy` from the config, else the trajectory's own
+system turn, else the policy of the environment it recorded (`details.env`, rebuilt from its
+config without starting it); `counts.policy_<source>` says which. On web trajectories it sees the
+pages before and after each step (text, capped at `max_page_chars`) and, with `judge.vision`,
+their screenshots (read from the input directory; fallbacks counted, see `filters.vision`).
+
+The judge is measured against the rules wherever both label a step, by the source of the rule
+labels: `replay` (retail world replays) and `reference` (tau2-style reference actions) are ground
+truth; `tool_errors` is only a rule. With `verifier: llm`, `ground_truth` still computes the
+ground-truth labels where a trajectory has them (`extra["truth_label"]`, `extra["truth_reason"]`)
+to measure the judge. Per trajectory the agreement is in `details["step_verify"]`; over the run the
+confusion cells are counted (`judge_<source>_<judge label>_<reference label>`), and accuracy,
+Cohen's kappa and precision / recall of "bad" per source (plus `ground_truth`, replay and reference
+together) are in the run summary's report (printed by `trajforge generate`) and in the manifest
+(`step_verify`). Revision steps (thoughts spliced in by Agent-R) are left unlabeled.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -21,28 +34,50 @@ from typing import Any, Iterable, Literal
 from pydantic import Field
 
 from filters import step_judge, step_rules
+from filters.vision import PageImages
 from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
+from generators.transcript import system_text
 from schemas.models import Trajectory
 from schemas.store import Dataset
 
+log = logging.getLogger("trajforge.generators")
+
 ACTION_KINDS = ("api", "code", "message")
+SOURCES: tuple[step_rules.ReferenceSource, ...] = ("replay", "reference", "tool_errors")
+# How the run summary names each measurement of the judge.
+REPORT_NAMES = {"replay": "judge vs replay labels", "reference": "judge vs reference actions",
+                "tool_errors": "judge vs tool-error rules", "ground_truth": "judge vs ground truth (all)"}
 
 
 class StepVerifyConfig(MethodConfig):
     method: Literal["step_verify"] = "step_verify"
     input: str = Field(description="dataset directory of trajectories to label")
-    judge: Literal["llm", "rules", "both"] = "both"
-    labels_from: Literal["llm", "rules"] = Field("llm", description="whose label is written when judge = both")
+    verifier: Literal["llm", "rules", "both"] = Field("both", description="who labels: the LLM judge, the rules, or both")
+    labels_from: Literal["llm", "rules"] = Field("llm", description="whose label is written when verifier = both")
+    ground_truth: bool = Field(True, description="measure the judge against ground-truth labels (replay, reference "
+                                                 "actions) where a trajectory has them, also with verifier = llm")
+    read_only_tools: list[str] | None = Field(None, description="tools that only read, for reference-action labels "
+                                                               "(default: tools named with a read verb: get_, find_, ...)")
+    policy: str | None = Field(None, description="the rules the judged agents followed (default: each trajectory's "
+                                                 "system turn, else its environment's policy)")
+    max_page_chars: int = Field(step_judge.PAGE_CHARS, ge=200,
+                                description="text of each web page before and after a judged step")
 
 
-def _cells(llm: dict[int, str], rules: dict[int, str]) -> Counter[str]:
-    return Counter({f"llm_{k.replace('_', '_rules_', 1)}": v for k, v in step_judge.confusion(llm, rules).items()})
-
-
-def agreement_from_counts(counts: dict[str, Any]) -> dict[str, Any]:
-    cells = {f"{a}_{b}": counts.get(f"llm_{a}_rules_{b}", 0) for a in ("good", "bad") for b in ("good", "bad")}
-    return step_judge.agreement(cells)
+def agreement_report(counts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The judge's agreement per reference source, and over all ground truth, from run counts."""
+    out: dict[str, dict[str, Any]] = {}
+    truth: Counter[str] = Counter()
+    for source in SOURCES:
+        cells = {f"{a}_{b}": int(counts.get(f"judge_{source}_{a}_{b}", 0)) for a in ("good", "bad") for b in ("good", "bad")}
+        if sum(cells.values()):
+            out[source] = step_judge.agreement(cells)
+            if source in step_rules.GROUND_TRUTH:
+                truth.update(cells)
+    if truth:
+        out["ground_truth"] = step_judge.agreement(truth)
+    return out
 
 
 @register_method
@@ -57,6 +92,9 @@ class StepVerify(GenerationMethod):
     def __init__(self, config: StepVerifyConfig, llm: Any):
         super().__init__(config, llm)
         self._input: dict[str, Trajectory] | None = None
+        # Screenshot paths are relative to the dataset directory that recorded them: the input.
+        self.images = PageImages(Path(config.input), config.judge.vision)
+        self._env_policies: dict[str, str | None] = {}
 
     def inputs(self) -> dict[str, Trajectory]:
         if self._input is None:
@@ -67,23 +105,62 @@ class StepVerify(GenerationMethod):
         for tid in sorted(self.inputs()):
             yield TaskSpec(id=tid)
 
+    def policy_of(self, traj: Trajectory) -> tuple[str | None, str]:
+        """The rules the trajectory's agent followed, and where they come from (config, system, env, none)."""
+        if self.config.policy:
+            return self.config.policy, "config"
+        own = system_text(traj.steps)
+        if own:
+            return own, "system"
+        env = traj.details.get("env")
+        if isinstance(env, dict) and isinstance(env.get("name"), str):
+            policy = self._env_policy(env["name"], step_rules.env_config_of(traj))
+            if policy:
+                return policy, "env"
+        return None, "none"
+
+    def _env_policy(self, name: str, config: dict[str, Any]) -> str | None:
+        """An environment's policy, read from an unstarted environment of the recorded config (cached)."""
+        key = json.dumps([name, config], sort_keys=True, default=str)
+        if key not in self._env_policies:
+            from envs.registry import make_env
+
+            try:
+                self._env_policies[key] = make_env(name, **config).policy
+            except Exception as exc:  # noqa: BLE001 - a world that cannot be rebuilt here: judged without its policy
+                log.warning("step_verify: cannot read the policy of environment %r from its recorded config (%s); "
+                            "its trajectories are judged without it (set policy: to give it)", name, exc)
+                self._env_policies[key] = None
+        return self._env_policies[key]
+
+    async def _judge(self, traj: Trajectory, indices: list[int], result: TaskResult) -> dict[int, tuple[str, str]]:
+        labels: dict[int, tuple[str, str]] = {}
+        policy, source = self.policy_of(traj)
+        result.counts[f"policy_{source}"] += 1
+        judged = await step_judge.judge_trajectory(self.judge_llm, traj.steps, indices, policy=policy,
+                                                   images=self.images, counts=result.counts,
+                                                   page_chars=self.config.max_page_chars)
+        for i, j in judged.items():
+            if j is None:
+                result.counts["judge_failures"] += 1
+                traj.steps[i].extra["judge_error"] = "no valid answer from the judge"
+            else:
+                labels[i] = (j.label, j.reason)
+        return labels
+
     async def run_task(self, task: TaskSpec) -> TaskResult:
         traj = self.inputs()[task.id].model_copy(deep=True)
         indices = [i for i, s in enumerate(traj.steps) if s.kind in ACTION_KINDS and not step_rules.is_revision(s)]
         result = TaskResult()
-        llm_labels: dict[int, tuple[str, str]] = {}
-        rule_labels: dict[int, tuple[str, str]] = {}
-        if self.config.judge in ("llm", "both"):
-            judged = await step_judge.judge_trajectory(self.llm, traj.steps, indices)
-            for i, j in judged.items():
-                if j is None:
-                    result.counts["judge_failures"] += 1
-                else:
-                    llm_labels[i] = (j.label, j.reason)
-        if self.config.judge in ("rules", "both"):
-            found = await asyncio.to_thread(step_rules.rule_labels, traj)  # a replay: keep the loop free
-            rule_labels = {i: (r.label, r.reason) for i, r in found.items()}
-        llm_first = self.config.judge == "llm" or (self.config.judge == "both" and self.config.labels_from == "llm")
+        verifier = self.config.verifier
+        llm_labels = await self._judge(traj, indices, result) if verifier in ("llm", "both") else {}
+        reference: step_rules.Labels | None = None
+        if verifier != "llm" or self.config.ground_truth:
+            found = await step_rules.labelled(traj, self.config.read_only_tools)
+            if verifier != "llm" or found.ground_truth:
+                reference = found
+        rule_labels = {i: (r.label, r.reason) for i, r in reference.labels.items()} if reference and verifier != "llm" else {}
+        llm_first = verifier == "llm" or (verifier == "both" and self.config.labels_from == "llm")
         primary, other = (llm_labels, rule_labels) if llm_first else (rule_labels, llm_labels)
         primary_name, other_name = ("llm", "rule") if llm_first else ("rules", "llm")
         for i in indices:
@@ -95,23 +172,25 @@ class StepVerify(GenerationMethod):
                 result.counts[f"steps_{chosen[0]}"] += 1
             else:
                 result.counts["steps_unlabeled"] += 1
-            if i in other and self.config.judge == "both":
+            if i in other and verifier == "both":
                 step.extra[f"{other_name}_label"], step.extra[f"{other_name}_reason"] = other[i]
-        if self.config.judge == "both":
-            cells = _cells({i: v[0] for i, v in llm_labels.items()}, {i: v[0] for i, v in rule_labels.items()})
-            result.counts.update(cells)
-            traj.details["step_verify"] = agreement_from_counts(cells)
+            if verifier == "llm" and reference is not None and i in reference.labels:
+                step.extra["truth_label"], step.extra["truth_reason"] = reference.labels[i].label, reference.labels[i].reason
+        if llm_labels and reference is not None:
+            cells = step_judge.confusion({i: v[0] for i, v in llm_labels.items()},
+                                         {i: r.label for i, r in reference.labels.items()})
+            result.counts.update({f"judge_{reference.source}_{k}": v for k, v in cells.items()})
+            traj.details["step_verify"] = {"reference": reference.source, "ground_truth": reference.ground_truth,
+                                           **step_judge.agreement(cells)}
         traj.provenance.parent_ids = list(dict.fromkeys([*traj.provenance.parent_ids, traj.id]))
         result.trajectories.append(traj)
         return result
 
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         summary = await super().run(tasks, output, progress=progress)
-        if self.config.judge == "both":
-            # The whole output, finished units from earlier runs included (the run may have resumed).
-            stats = agreement_from_counts(output.unit_counts())
-            for key in ("agreement", "kappa"):
-                if stats[key] is not None:
-                    summary.counts[f"judge_{key}"] = stats[key]
-            output.update_manifest(step_verify=stats)
+        # The whole output, finished units from earlier runs included (the run may have resumed).
+        report = agreement_report(output.unit_counts())
+        if report:
+            summary.report.update({REPORT_NAMES[k]: v for k, v in report.items()})
+            output.update_manifest(step_verify=report)
         return summary

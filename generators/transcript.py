@@ -136,6 +136,18 @@ def parse_transcript(text: str, *, call_prefix: str = "call") -> list[Step]:
     return steps
 
 
+def system_text(steps: list[Step]) -> str | None:
+    """A trajectory's system prompt: the text before its first action that is named "system" or comes
+    from the environment (what exporters hoist into the system message), joined; None when it has none."""
+    parts: list[str] = []
+    for step in steps:
+        if step.kind in ("api", "code", "message") or (step.kind == "text" and step.source == "agent"):
+            break
+        if step.kind == "text" and (step.name == "system" or step.source == "environment") and step.content.strip():
+            parts.append(step.content.strip())
+    return "\n\n".join(parts) or None
+
+
 def render_transcript(steps: list[Step]) -> str:
     """The inverse direction, for showing seed trajectories to a model in the same format."""
     lines: list[str] = []
@@ -143,7 +155,7 @@ def render_transcript(steps: list[Step]) -> str:
     for step in steps:
         if step.kind == "text":
             if step.source != "user" and not acted:
-                continue  # a system prompt before any action: the tools are shown separately
+                continue  # a system prompt before any action: shown apart from the transcript (`system_text`)
             role = "USER" if step.source == "user" else "TOOL"
             lines.append(f"{role}: {step.content}")
             continue

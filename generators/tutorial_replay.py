@@ -1,152 +1,189 @@
-"""Tutorial-guided replay (AgentTrek): filter tutorial texts, turn each into a task, replay it, judge it.
+"""Tutorial-guided replay (AgentTrek): tutorials -> filtered -> task specs -> replayed on real pages -> judged.
 
-Per tutorial (one task per tutorial, task id = tutorial id):
+The tutorial's text defines the task: nothing is mapped onto a built-in task template. Per
+tutorial (one method task per tutorial, id = the tutorial's id), in any environment that offers
+pages (`browser`: real pages in Chromium; `simulated` in web mode; the `web` shop):
 
-1. **prefilter** — a cheap keyword test per platform (config `keywords`); a text with no
-   keyword of any enabled platform is filtered as "prefilter: no keyword".
-2. **classifier** — the LLM answers `{is_tutorial, platform, reason}`; a text that is not a
-   tutorial, or is about a platform that is not enabled, is filtered with the model's reason.
-3. **spec** — the LLM turns the tutorial into `{platform, goal, prerequisites, steps,
-   expected_outcome}`.
-4. **task mapping** — the spec needs a concrete instance in the environment. We never invent
-   world data: the environment's own task generator (`env.generate_tasks(candidate_tasks,
-   seed)`) gives candidate tasks, each with a `metadata["kind"]` (retail: cancel, return,
-   exchange, modify_items, modify_address, user_address, order_total; web: purchase, answer,
-   cart). The spec's text is
-   scored against per-kind keywords (config `kind_keywords`; the goal counts three times the
-   rest); the best-scoring kind wins, and one of its candidates is picked deterministically
-   (by a hash of the tutorial id). Environments without keywords fall back to word overlap
-   between the spec and each candidate's instruction. No match -> filtered "no matching task".
-5. **replay** — the agent (`AgentPolicy`) acts in the environment with the tutorial's spec in
-   its system prompt (`guidance`), one action at a time, until the episode ends or
-   `max_steps`.
-6. **judge** — the LLM answers `{thoughts, success}` over the spec, the task and the
-   transcript. No valid verdict (3 malformed answers) -> the trajectory is filtered by
-   "judge" with the reason "no verdict".
+1. **prefilter**: a cheap keyword test (config `keywords`, whole words, case folded); a text with
+   none of them is filtered by "prefilter" ("no keyword").
+2. **classifier**: the model sees the text and the sites the environment serves (config `sites`:
+   name and description) and answers `{is_tutorial, site, reason}`, `site` one of the served
+   sites' names or "none". Not a tutorial, or a tutorial for a site not served: filtered by
+   "classifier" with the model's reason.
+3. **spec**: the model turns the tutorial into `{start_url, goal, prerequisites, steps,
+   expected_outcome}` for that site. The start page is resolved against the site (`start_page`):
+   a path resolves against the site's `url` (itself relative to the environment's
+   `site_dir` / `base_url`, which the environment resolves), a full URL must be on the site (its
+   host, or one of its public `hosts`, whose paths map onto the served copy); on a MiniWoB++ site
+   it names a task page (`login-user`). A start page that cannot be resolved: filtered by "spec".
+4. **replay**: a fresh episode of a task whose instruction is the spec's goal (the trajectory's
+   first user turn) opening on the start page; the agent (`self.policy()`: the environment's
+   policy where it has one) has the spec in its system prompt as guidance, and acts through the
+   one episode loop until the episode ends or `max_steps`. A MiniWoB page is seeded (`seed` + the
+   replay index) and gives its own reward; other pages have no check of their own.
+5. **judge**: the judge model (`judge.llm`) sees the task, the tutorial's expected outcome, the
+   action log (actions and the pages' short answers), the agent's final answer and the final page
+   (URL, screenshot path, accessibility tree; the screenshot itself with `judge.vision`, see
+   `filters.vision`) and answers `{reason, success}`.
+6. **keep**: `success` comes from the environment's own check where the task has one (MiniWoB's
+   reward; `success_from: env`, the default) and from the judge otherwise (or always, with
+   `success_from: judge`); their agreement is recorded and counted. An unsuccessful replay is
+   filtered by "outcome" with the reason (`keep_failed` keeps it).
 
-Outcome: every kept trajectory stores the environment's reward (`reward`) and the judge's
-verdict (`details["judge"]`). `success` follows config `success_from`: "env" (default) — the
-environment's goal check wins when the mapped task has one (all generated tasks do), the
-judge decides otherwise; "judge" — the judge always decides. Whether the two agree is kept
-in `details["judge"]["agrees_with_env"]`. Unsuccessful replays are filtered ("outcome:
-unsuccessful") unless `keep_failed`.
-
-The trajectory's steps are the episode only (the user's request, the agent's actions and the
-observations); the tutorial and spec that guided the agent live in `details`, because a model
-trained on the data will not see a tutorial.
+The trajectory's steps are the episode (the goal as the user's request, the pages, the actions);
+the tutorial, classifier verdict, spec and judge verdict live in `details`, because a model trained
+on the data will not see a tutorial. A tutorial dropped before any replay is recorded in
+`filtered/` with its text, so nothing vanishes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from backends.errors import LLMRequestError
-from envs.base import Environment, Task
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, TaskResult, TaskSpec
+from envs.base import Evaluation, Task
+from envs.browser.sites import action_log
+from filters.step_judge import describe_page
+from filters.vision import PageImages
+from generators._episode import Episode, play_episode
+from generators.base import TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
+from generators.failures import episode_failure
 from generators.registry import register_method
-from generators.transcript import render_transcript
-from schemas.models import Step, TextObservation, Tool, Trajectory
+from schemas.models import Step, TextObservation, Trajectory, WebObservation
+from schemas.store import Dataset
 
 REPO = Path(__file__).resolve().parents[1]
+NO_SITE = "none"
+SOURCE = "tutorial"
 
 CLASSIFY_SYSTEM = (
     "You sort web texts for an agent-training pipeline. Decide whether the text is a step-by-step "
-    "tutorial (a how-to a person or agent could follow) and which platform it is about: 'retail' "
-    "(customer service for an online shop's orders: cancel, return, exchange, change address, order "
-    "status), 'web' (using a web shop in a browser: search, product pages, cart, checkout) or 'other'. "
-    "Answer with a JSON object {\"is_tutorial\": bool, \"platform\": \"retail\"|\"web\"|\"other\", \"reason\": str}."
+    "tutorial (a how-to a person or an agent could follow in a web browser) and which of the sites "
+    "below it is written for; answer \"none\" when it is for another site or for no site at all.\n\n"
+    "Sites:\n{sites}\n\nAnswer with a JSON object {{\"is_tutorial\": bool, \"site\": str, \"reason\": str}}."
 )
 CLASSIFY_USER = "CLASSIFY THIS TEXT\nTitle: {title}\n\n{text}"
 SPEC_SYSTEM = (
-    "You turn a tutorial into a task specification an agent can carry out in the '{platform}' "
-    "environment, whose tools are listed below. Answer with a JSON object {{\"platform\": str, "
-    "\"goal\": str, \"prerequisites\": [str], \"steps\": [str], \"expected_outcome\": str}}; steps are "
-    "short imperative sentences that name the tools to use.\n\nTools:\n{tools}"
+    "You turn a tutorial into a task an agent will carry out in a web browser on the site {site} "
+    "({description}). {start}\nAnswer with a JSON object {{\"start_url\": str, \"goal\": str, "
+    "\"prerequisites\": [str], \"steps\": [str], \"expected_outcome\": str}}: goal is the task as a user "
+    "would ask for it, in one or two sentences, with the concrete values the tutorial uses; steps are "
+    "short imperative sentences that say what to click, type or select.\n\nBrowser actions:\n{tools}"
 )
+SPEC_START_PAGES = ("start_url is the page the tutorial starts on, as it names it: a path on the site or a "
+                    "full URL (empty for the site's home page).")
+SPEC_START_MINIWOB = "start_url is the name of the MiniWoB++ task page the tutorial is about (e.g. login-user)."
 SPEC_USER = "WRITE THE TASK SPEC\nTitle: {title}\n\n{text}"
 GUIDANCE = (
-    "A tutorial describes how to do this kind of task. Follow it step by step.\n"
-    "Goal: {goal}\nPrerequisites:\n{prerequisites}\nSteps:\n{steps}\nExpected outcome: {expected_outcome}"
+    "A tutorial for {site} describes how to do this task. Follow it step by step, adapting to what the "
+    "pages show.\nGoal: {goal}\nPrerequisites:\n{prerequisites}\nSteps:\n{steps}\nExpected outcome: {expected_outcome}"
 )
+ATTEMPT = "(Attempt {n}.)"
 JUDGE_SYSTEM = (
-    "You judge whether an agent accomplished a task. You see the task, the tutorial spec it followed "
-    "and the transcript of what it did (tool calls and their results). Answer with a JSON object "
-    "{\"thoughts\": str, \"success\": bool}: success is true only if the transcript shows the task done."
+    "You judge whether a web agent accomplished a task it learned from a tutorial. You see the task, the "
+    "outcome the tutorial expects, the agent's actions with the pages' short answers, its final answer, and "
+    "the final page: its URL, its screenshot (the file's path, and the image when attached) and its "
+    "accessibility tree. Judge only by what the log and the final page show. Answer with a JSON object "
+    "{\"reason\": str, \"success\": bool}: success is true only if the task was done."
 )
 JUDGE_USER = (
-    "JUDGE THIS REPLAY\nTask: {instruction}\nGoal: {goal}\nExpected outcome: {expected_outcome}\n\n"
-    "Transcript:\n{transcript}"
+    "JUDGE THIS REPLAY\nTask: {instruction}\nExpected outcome: {expected_outcome}\n\n# Actions\n{log}\n\n"
+    "# Final answer of the agent\n{answer}\n\n# Final page\n{page}"
 )
 
-DEFAULT_KEYWORDS: dict[str, list[str]] = {
-    "retail": ["order", "cancel", "refund", "return", "exchange", "shipping address", "payment method", "customer"],
-    "web": ["web shop", "webshop", "website", "browser", "add to cart", "cart", "checkout", "click"],
-}
-# Per environment: task kind -> phrases that point to it (matched in the spec's lowercased text).
-DEFAULT_KIND_KEYWORDS: dict[str, dict[str, list[str]]] = {
-    "retail": {
-        "cancel": ["cancel"],
-        "return": ["return"],
-        "exchange": ["exchange"],
-        "modify_items": ["swap", "modify the items", "modify pending order items", "change the item", "change an item"],
-        "modify_address": ["shipping address", "modify the pending order's address", "order address"],
-        "user_address": ["default address", "home address", "profile address", "moved"],
-        "order_total": ["status and total", "total of", "how much", "status and the total"],
-    },
-    "web": {
-        "purchase": ["buy", "purchase", "checkout", "check out", "place the order"],
-        "answer": ["price of", "find the price", "tell me what it costs"],
-        "cart": ["add to cart", "add to my cart", "do not check out"],
-    },
-}
+DEFAULT_KEYWORDS = [
+    "click", "button", "link", "page", "type", "select", "menu", "form", "field", "checkbox", "tick", "tab",
+    "log in", "sign in", "website", "browser", "search", "cart", "url",
+]
 
 
-class TutorialReplayConfig(MethodConfig):
+class TutorialSite(BaseModel):
+    """A site the environment serves, which tutorials may be written for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="what the classifier answers")
+    description: str = Field(min_length=1, description="what the site is, for the classifier and the spec writer")
+    url: str = Field("", description="its home page: relative to the env's site_dir / base_url, or absolute")
+    hosts: list[str] = Field(default_factory=list,
+                             description="public host names of the site: tutorials' URLs on them open the served copy")
+    miniwob: bool = Field(False, description="MiniWoB++ task pages (browser env): start pages name a task page")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TutorialSite:
+        if self.name == NO_SITE:
+            raise ValueError(f"a site may not be named {NO_SITE!r} (the classifier's answer for no served site)")
+        if self.miniwob and (self.url or self.hosts):
+            raise ValueError(f"site {self.name}: a MiniWoB++ site takes no url or hosts (its pages are served locally)")
+        self.hosts = [h.lower() for h in self.hosts]
+        return self
+
+
+class TutorialReplayConfig(EnvMethodConfig):
+    """Tutorials replayed on the pages of the environment's sites."""
+
     method: Literal["tutorial_replay"] = "tutorial_replay"
+    requires: ClassVar[frozenset[str]] = frozenset({"pages"})
+    env: str = Field("browser", description="an environment that offers pages (browser, simulated in web mode, web)")
     tutorials: list[str] = Field(default_factory=lambda: ["samples/tutorials"],
                                  description="JSONL files of {id, title, text}, Markdown files, or folders of them")
-    platforms: list[str] = Field(default_factory=lambda: ["retail", "web"], description="environments replays may use")
-    keywords: dict[str, list[str]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_KEYWORDS.items()})
-    kind_keywords: dict[str, dict[str, list[str]]] = Field(
-        default_factory=lambda: {e: {k: list(v) for k, v in kinds.items()} for e, kinds in DEFAULT_KIND_KEYWORDS.items()})
+    sites: list[TutorialSite] = Field(min_length=1, description="the sites the environment serves")
+    keywords: list[str] = Field(default_factory=lambda: list(DEFAULT_KEYWORDS),
+                                description="prefilter: a tutorial needs at least one (whole words, any case)")
     max_tutorials: int | None = Field(None, ge=1)
     max_tutorial_chars: int = Field(4000, ge=200, description="longer tutorial texts are cut")
-    candidate_tasks: int = Field(28, ge=1, description="env tasks generated to map specs onto")
-    world_seed: int = 0
     replays: int = Field(1, ge=1, description="replays (trajectories) per kept tutorial")
-    max_steps: int = Field(20, ge=1)
-    agent_mode: Literal["tools", "text"] = "tools"
-    agent_temperature: float | None = None
-    success_from: Literal["env", "judge"] = "env"
+    success_from: Literal["env", "judge"] = Field(
+        "env", description="env: the environment's own check decides where the task has one, else the judge")
     keep_failed: bool = False
-    max_transcript_chars: int = Field(8000, ge=500)
+    max_log_chars: int = Field(6000, ge=500, description="of the action log the judge reads (its end)")
+    max_page_chars: int = Field(12000, ge=500, description="of the final page's text the judge reads")
 
-
-class Classification(BaseModel):
-    is_tutorial: bool
-    platform: Literal["retail", "web", "other"]
-    reason: str
+    @model_validator(mode="after")
+    def _sites_can_be_opened(self) -> TutorialReplayConfig:
+        names = [s.name for s in self.sites]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sites: duplicate names in {names}")
+        served = bool(self.env_config.get("site_dir") or self.env_config.get("base_url"))
+        for site in self.sites:
+            if site.miniwob and self.env != "browser":
+                raise ValueError(f"site {site.name}: MiniWoB++ pages need env: browser, not {self.env!r}")
+            if self.env == "browser" and not site.miniwob and not urlsplit(site.url).scheme and not served:
+                raise ValueError(f"site {site.name}: its pages are relative (url {site.url!r}); set "
+                                 "env_config.site_dir or env_config.base_url, or give the site an absolute url")
+        return self
 
 
 class TaskSpecification(BaseModel):
-    platform: str
-    goal: str
+    """The spec the model writes from a tutorial (the site is the classifier's)."""
+
+    start_url: str = ""
+    goal: str = Field(min_length=1)
     prerequisites: list[str] = Field(default_factory=list)
-    steps: list[str]
-    expected_outcome: str
+    steps: list[str] = Field(min_length=1)
+    expected_outcome: str = ""
 
 
 class JudgeVerdict(BaseModel):
-    thoughts: str
+    reason: str = Field(description="what the log and the final page show, in one or two sentences")
     success: bool
+
+
+def classification_model(sites: list[str]) -> type[BaseModel]:
+    """The classifier's answer, its `site` limited to the served sites' names and "none" (a JSON Schema enum)."""
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        "TutorialClassification",
+        is_tutorial=(bool, ...),
+        site=(Literal[tuple([*sites, NO_SITE])], ...),
+        reason=(str, ...),
+    )
 
 
 # ---- tutorials -----------------------------------------------------------------------------------
@@ -192,65 +229,66 @@ def load_tutorials(sources: Iterable[str]) -> list[dict[str, str]]:
     return out
 
 
-# ---- the episode loop (a small private one; rollout.py may replace it) ---------------------------
+# ---- start pages ---------------------------------------------------------------------------------
 
-@dataclass
-class Episode:
-    steps: list[Step]
-    reward: float
-    done: bool
-    stop_reason: str
-    errors: list[str] = field(default_factory=list)
+def start_page(site: TutorialSite, start_url: str) -> tuple[dict[str, Any] | None, str]:
+    """The task params that open `start_url` on `site` (`start_url` or `miniwob`), or None and why not."""
+    start = start_url.strip()
+    if site.miniwob:
+        from envs.browser import miniwob
 
-
-async def play_episode(env: Environment, policy: AgentPolicy, task: Task, *, max_steps: int,
-                       guidance: str | None = None) -> Episode:
-    """Reset `env` to `task` and let `policy` act until the episode ends; LLMRequestError propagates."""
-    steps: list[Step] = [await env.areset(task)]
-    errors: list[str] = []
-    stop = "max_steps"
-    done = False
-    for _ in range(max_steps):
-        proposal = (await policy.propose(steps, guidance=guidance))[0]
-        if proposal.action is None:
-            errors.append(proposal.error or "no action")
-            stop = f"unparseable action: {proposal.error}"
-            break
-        steps.append(proposal.action)
-        result = await env.astep(proposal.action)
-        steps.append(result.observation)
-        if result.info.get("error"):
-            errors.append(str(result.info["error"]))
-        if result.done:
-            done, stop = True, "done"
-            break
-    return Episode(steps, float(env.evaluate()), done, stop, errors)
+        name = urlsplit(start).path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".html")
+        if name not in miniwob.page_names():
+            return None, f"no MiniWoB++ task page {name!r} (from start_url {start_url!r})"
+        return {"miniwob": name}, ""
+    parts = urlsplit(start)
+    if parts.scheme and parts.scheme not in ("http", "https"):
+        return None, f"start_url {start_url!r} is not a web page"
+    if parts.netloc:
+        home = urlsplit(site.url)
+        if home.netloc and parts.netloc.lower() == home.netloc.lower():
+            return {"start_url": start}, ""
+        if (parts.hostname or "") not in site.hosts:
+            return None, f"start_url {start_url!r} is not on site {site.name}"
+        # A URL of the public site opens the same page of the served copy.
+        path = urlunsplit(("", "", parts.path or "/", parts.query, parts.fragment))
+        return {"start_url": urljoin(site.url, path) if home.netloc else path}, ""
+    if not start:
+        return {"start_url": site.url or "/"}, ""
+    return {"start_url": urljoin(site.url, start) if site.url else start}, ""
 
 
-def _calls(steps: list[Step]) -> list[dict[str, Any]]:
-    return [{"function": s.function, "arguments": s.arguments} for s in steps if s.kind == "api"]
-
-
-def _pick(key: str, n: int) -> int:
-    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % n
-
-
-_WORD = re.compile(r"[a-z]{4,}")
+def final_answer(steps: list[Step]) -> str | None:
+    """The agent's last message (a final answer, or `send_msg_to_user`'s text)."""
+    for step in reversed(steps):
+        if step.kind == "message" and not step.extra.get("kind"):
+            return step.content
+        if step.kind == "api" and step.function == "send_msg_to_user":
+            return str(step.arguments.get("text", ""))
+    return None
 
 
 @register_method
-class TutorialReplay(GenerationMethod):
-    """AgentTrek: tutorials -> filtered -> task specs -> replayed in an environment -> judged."""
+class TutorialReplay(EnvMethod):
+    """AgentTrek: tutorials -> filtered -> task specs -> replayed on the environment's pages -> judged."""
 
     name = "tutorial_replay"
     Config = TutorialReplayConfig
-    templates = (CLASSIFY_SYSTEM, CLASSIFY_USER, SPEC_SYSTEM, SPEC_USER, GUIDANCE, JUDGE_SYSTEM, JUDGE_USER)
+    templates = (CLASSIFY_SYSTEM, CLASSIFY_USER, SPEC_SYSTEM, SPEC_START_PAGES, SPEC_START_MINIWOB, SPEC_USER,
+                 GUIDANCE, ATTEMPT, JUDGE_SYSTEM, JUDGE_USER)
+    uses_task_source: ClassVar[bool] = False
     config: TutorialReplayConfig
 
     def __init__(self, config: TutorialReplayConfig, llm: Any):
         super().__init__(config, llm)
-        self._candidates: dict[str, list[Task]] = {}
-        self._tools: dict[str, list[Tool]] = {}
+        self.sites = {s.name: s for s in config.sites}
+        self.classification = classification_model(list(self.sites))
+        self._keywords = [re.compile(rf"(?<!\w){re.escape(k.lower())}(?!\w)") for k in config.keywords]
+        self.images = PageImages(None, config.judge.vision)
+
+    def prepare(self, output: Dataset) -> None:
+        super().prepare(output)
+        self.images = PageImages(Path(output.path), self.config.judge.vision)  # screenshots sit beside the shards
 
     def tasks(self) -> Iterable[TaskSpec]:
         tutorials = load_tutorials(self.config.tutorials)
@@ -259,19 +297,10 @@ class TutorialReplay(GenerationMethod):
         for t in tutorials:
             yield TaskSpec(id=t["id"], instruction=t["title"], payload={"title": t["title"], "text": t["text"]})
 
-    # ---- helpers ------------------------------------------------------------------------------
-
-    def _env(self, platform: str) -> Environment:
-        from envs.registry import make_env
-
-        return make_env(platform, seed=self.config.world_seed)
-
-    def _candidates_for(self, platform: str) -> list[Task]:
-        if platform not in self._candidates:
-            with self._env(platform) as env:
-                self._tools[platform] = env.tools()
-                self._candidates[platform] = env.generate_tasks(self.config.candidate_tasks, seed=self.config.seed)
-        return self._candidates[platform]
+    def prefilter(self, text: str) -> list[str]:
+        """The keywords that appear in `text`."""
+        low = text.lower()
+        return [k for k, pattern in zip(self.config.keywords, self._keywords) if pattern.search(low)]
 
     def _stub(self, task: TaskSpec, **details: Any) -> Trajectory:
         """A record for a tutorial dropped before any replay, so nothing vanishes."""
@@ -279,43 +308,9 @@ class TutorialReplay(GenerationMethod):
             id=f"{self.name}/{task.id}",
             source=self.name,
             steps=[TextObservation(content=task.payload["text"][: self.config.max_tutorial_chars], source="user")],
-            provenance=self._provenance(task.id),
+            provenance=self.provenance(task.id).model_copy(update={"source_id": task.id}),
             details={"tutorial": {"id": task.id, "title": task.payload["title"]}, **details},
         )
-
-    def _provenance(self, task_id: str, seed: int | None = None) -> Any:
-        return self.provenance(task_id, seed=seed).model_copy(update={"source_id": task_id})
-
-    def prefilter(self, text: str) -> list[str]:
-        """Enabled platforms whose keywords appear in `text`."""
-        low = text.lower()
-        return [p for p in self.config.platforms if any(k.lower() in low for k in self.config.keywords.get(p, []))]
-
-    def map_task(self, platform: str, spec: TaskSpecification, key: str) -> tuple[Task | None, str]:
-        """A concrete env task for `spec` (see the module doc), and how it was chosen."""
-        candidates = self._candidates_for(platform)
-        goal = spec.goal.lower()
-        rest = " ".join([*spec.prerequisites, *spec.steps, spec.expected_outcome]).lower()
-        kinds = self.config.kind_keywords.get(platform)
-        if kinds:
-            scores = {kind: sum(3 * goal.count(w.lower()) + rest.count(w.lower()) for w in words)
-                      for kind, words in kinds.items()}
-            best = max(scores.values(), default=0)
-            if best <= 0:
-                return None, "no task kind keyword in the spec"
-            kind = next(k for k, s in scores.items() if s == best)
-            pool = [t for t in candidates if t.metadata.get("kind") == kind]
-            if not pool:
-                return None, f"the {platform} task generator gave no task of kind {kind!r}"
-            return pool[_pick(key, len(pool))], f"kind {kind!r} (keyword score {best})"
-        words = set(_WORD.findall(f"{goal} {goal} {rest}"))
-        scored = [(len(words & set(_WORD.findall(f"{t.instruction} {t.metadata.get('kind', '')}".lower()))), i)
-                  for i, t in enumerate(candidates)]
-        best = max((s for s, _ in scored), default=0)
-        if best <= 0:
-            return None, "no candidate task shares a word with the spec"
-        pool = [candidates[i] for s, i in scored if s == best]
-        return pool[_pick(key, len(pool))], f"word overlap {best}"
 
     # ---- the pipeline -------------------------------------------------------------------------
 
@@ -324,100 +319,106 @@ class TutorialReplay(GenerationMethod):
         title, text = task.payload["title"], task.payload["text"][: self.config.max_tutorial_chars]
         matched = self.prefilter(f"{title}\n{text}")
         if not matched:
-            result.reject(self._stub(task), "prefilter",
-                          f"no keyword: none of the keywords of {', '.join(self.config.platforms)} appears")
+            result.reject(self._stub(task), "prefilter", "no keyword: none of the prefilter's keywords appears")
             return result
         try:
-            return await self._after_prefilter(task, title, text, matched, result)
+            await self._after_prefilter(task, title, text, matched, result)
         except LLMRequestError as exc:
             result.fail(task.id, "llm", str(exc), {"tutorial": task.id})
-            return result
-
-    async def _after_prefilter(self, task: TaskSpec, title: str, text: str, matched: list[str],
-                               result: TaskResult) -> TaskResult:
-        verdict = await self.llm.structured(
-            [{"role": "system", "content": CLASSIFY_SYSTEM},
-             {"role": "user", "content": CLASSIFY_USER.format(title=title, text=text)}], Classification)
-        if verdict is None:
-            result.reject(self._stub(task, prefilter=matched), "classifier", "no verdict: no valid classifier answer")
-            return result
-        cls = verdict.model_dump()
-        if not verdict.is_tutorial:
-            result.reject(self._stub(task, prefilter=matched, classifier=cls), "classifier", f"not a tutorial: {verdict.reason}")
-            return result
-        platform = verdict.platform
-        if platform not in self.config.platforms:
-            result.reject(self._stub(task, prefilter=matched, classifier=cls), "classifier",
-                          f"platform {platform} not enabled: {verdict.reason}")
-            return result
-
-        candidates = self._candidates_for(platform)
-        tools = self._tools[platform]
-        spec = await self.llm.structured(
-            [{"role": "system", "content": SPEC_SYSTEM.format(
-                platform=platform, tools="\n".join(f"- {t.name}: {t.description}" for t in tools))},
-             {"role": "user", "content": SPEC_USER.format(title=title, text=text)}], TaskSpecification)
-        if spec is None:
-            result.reject(self._stub(task, prefilter=matched, classifier=cls), "spec", "no spec: no valid task spec answer")
-            return result
-        env_task, how = self.map_task(platform, spec, task.id)
-        base = {"prefilter": matched, "classifier": cls, "spec": spec.model_dump()}
-        if env_task is None:
-            result.reject(self._stub(task, **base), "task_mapping", f"no matching task: {how}")
-            return result
-        base["env_task"] = {"id": env_task.id, "env": platform, "kind": env_task.metadata.get("kind"),
-                            "instruction": env_task.instruction, "mapped_by": how,
-                            "candidates": len(candidates)}
-
-        policy = AgentPolicy(self.llm, tools, mode=self.config.agent_mode, temperature=self.config.agent_temperature)
-        guidance = GUIDANCE.format(
-            goal=spec.goal, prerequisites="\n".join(f"- {p}" for p in spec.prerequisites) or "- none",
-            steps="\n".join(f"{i}. {s}" for i, s in enumerate(spec.steps, 1)), expected_outcome=spec.expected_outcome)
-        for k in range(self.config.replays):
-            # A replay index beyond the first varies the prompt, so cached samples are not repeated.
-            g = guidance if k == 0 else f"{guidance}\n(Attempt {k + 1}.)"
-            with self._env(platform) as env:
-                episode = await play_episode(env, policy, env_task, max_steps=self.config.max_steps, guidance=g)
-            await self._judge_and_keep(task, k, platform, tools, env_task, spec, episode, base, result)
         return result
 
-    async def _judge_and_keep(self, task: TaskSpec, k: int, platform: str, tools: list[Tool], env_task: Task,
-                              spec: TaskSpecification, episode: Episode, base: dict[str, Any], result: TaskResult) -> None:
-        env_verifiable = bool(env_task.goal)
-        trajectory = Trajectory(
-            id=f"{self.name}/{task.id}#{k}",
-            source=self.name,
-            steps=episode.steps,
-            tools=tools,
-            reward=episode.reward,
-            provenance=self._provenance(task.id, seed=k),
-            details={
-                "tutorial": {"id": task.id, "title": task.payload["title"]}, **base,
-                "env_reward": episode.reward, "env_verifiable": env_verifiable, "episode_done": episode.done,
-                "stop_reason": episode.stop_reason, "action_errors": episode.errors, "calls": _calls(episode.steps),
-            },
-        )
-        transcript = render_transcript(episode.steps)
-        if len(transcript) > self.config.max_transcript_chars:
-            transcript = "[...]\n" + transcript[-self.config.max_transcript_chars:]
-        verdict = await self.llm.structured(
-            [{"role": "system", "content": JUDGE_SYSTEM},
-             {"role": "user", "content": JUDGE_USER.format(instruction=env_task.instruction, goal=spec.goal,
-                                                           expected_outcome=spec.expected_outcome, transcript=transcript)}],
-            JudgeVerdict)
+    async def _after_prefilter(self, task: TaskSpec, title: str, text: str, matched: list[str],
+                               result: TaskResult) -> None:
+        sites = "\n".join(f"- {s.name}: {s.description}" for s in self.sites.values())
+        verdict: Any = await self.llm.structured(
+            [{"role": "system", "content": CLASSIFY_SYSTEM.format(sites=sites)},
+             {"role": "user", "content": CLASSIFY_USER.format(title=title, text=text)}], self.classification)
         if verdict is None:
-            trajectory.details["judge"] = None
-            result.reject(trajectory, "judge", f"no verdict: the judge gave no valid answer "
-                                               f"in {self.llm.config.structured_attempts} attempts")
+            result.reject(self._stub(task, prefilter=matched), "classifier", "no verdict: no valid classifier answer")
             return
-        env_success = episode.reward >= 1.0
-        use_env = self.config.success_from == "env" and env_verifiable
-        trajectory.success = env_success if use_env else verdict.success
-        trajectory.details["judge"] = {**verdict.model_dump(), "agrees_with_env": verdict.success == env_success}
-        trajectory.details["success_source"] = "env" if use_env else "judge"
+        cls = verdict.model_dump()
+        if not verdict.is_tutorial:
+            result.reject(self._stub(task, prefilter=matched, classifier=cls), "classifier",
+                          f"not a tutorial: {verdict.reason}")
+            return
+        if verdict.site == NO_SITE:
+            result.reject(self._stub(task, prefilter=matched, classifier=cls), "classifier",
+                          f"site not served: {verdict.reason}")
+            return
+        site = self.sites[verdict.site]
+        spec = await self.llm.structured(
+            [{"role": "system", "content": SPEC_SYSTEM.format(
+                site=site.name, description=site.description,
+                start=SPEC_START_MINIWOB if site.miniwob else SPEC_START_PAGES,
+                tools="\n".join(f"- {t.name}: {t.description}" for t in self.tools))},
+             {"role": "user", "content": SPEC_USER.format(title=title, text=text)}], TaskSpecification)
+        if spec is None:
+            result.reject(self._stub(task, prefilter=matched, classifier=cls), "spec", "no spec: no valid spec answer")
+            return
+        params, problem = start_page(site, spec.start_url)
+        found = {"prefilter": matched, "classifier": cls, "spec": {"site": site.name, **spec.model_dump()}}
+        if params is None:
+            result.reject(self._stub(task, **found), "spec", f"no start page: {problem}")
+            return
+        found["spec"]["start"] = params
+        guidance = GUIDANCE.format(
+            site=site.name, goal=spec.goal, prerequisites="\n".join(f"- {p}" for p in spec.prerequisites) or "- none",
+            steps="\n".join(f"{i}. {s}" for i, s in enumerate(spec.steps, 1)), expected_outcome=spec.expected_outcome)
+        for k in range(self.config.replays):
+            env_task = Task(id=task.id, env=self.config.env, instruction=spec.goal, params=params,
+                            seed=self.config.seed + k, goal={"type": "miniwob"} if site.miniwob else {},
+                            metadata={"source": SOURCE, "tutorial": task.id, "site": site.name})
+            try:
+                async with self.make_env() as env:
+                    # A replay index beyond the first varies the prompt, so cached samples are not repeated.
+                    episode = await play_episode(
+                        env, self.policy(), env_task, max_steps=self.config.max_steps,
+                        max_parse_failures=self.config.max_parse_failures,
+                        guidance=guidance if k == 0 else f"{guidance}\n{ATTEMPT.format(n=k + 1)}",
+                        evaluate=bool(env_task.goal))  # only tasks with a check of their own are evaluated
+            except Exception as exc:  # noqa: BLE001 - classified and quarantined; the other replays go on
+                stage, error = episode_failure(exc)
+                result.fail(task.id, stage, error, {"tutorial": task.id, "replay": k})
+                continue
+            episode.count(result.counts)
+            await self._judge_and_keep(task, k, env_task, spec, episode, found, result)
+
+    async def _judge(self, task: Task, spec: TaskSpecification, steps: list[Step], result: TaskResult) -> Any:
+        page = next((s for s in reversed(steps) if isinstance(s, WebObservation)), None)
+        log = action_log(steps) or "(no action)"
+        if len(log) > self.config.max_log_chars:
+            log = "[...]\n" + log[-self.config.max_log_chars:]
+        prompt = JUDGE_USER.format(
+            instruction=task.instruction, expected_outcome=spec.expected_outcome or "(not stated)", log=log,
+            answer=final_answer(steps) or "(none)",
+            page=describe_page(page, self.config.max_page_chars) if page is not None else "(no page)")
+        shots = [page.screenshot] if page is not None else []
+        return await self.images.ask(self.judge_llm, JUDGE_SYSTEM, prompt, shots, JudgeVerdict, result.counts)
+
+    async def _judge_and_keep(self, tutorial: TaskSpec, k: int, task: Task, spec: TaskSpecification, episode: Episode,
+                              found: dict[str, Any], result: TaskResult) -> None:
+        verdict = await self._judge(task, spec, episode.steps, result)
+        env_eval = episode.evaluation  # None: the task has no check of its own
+        details = {"tutorial": {"id": tutorial.id, "title": tutorial.payload["title"]}, **found, "replay": k,
+                   **episode.details()}
+        if verdict is None:
+            trajectory = self.trajectory(task, f"#{k}", episode.steps, env_eval, judge=None, **details)
+            result.reject(trajectory, "judge", f"no verdict: the judge gave no valid answer "
+                                               f"in {self.judge_llm.config.structured_attempts} attempts")
+            return
+        judged = Evaluation.of(1.0 if verdict.success else 0.0, f"judge: {verdict.reason}")
+        use_env = env_eval is not None and self.config.success_from == "env"
+        judge = {"reason": verdict.reason, "success": verdict.success, "model": self.judge_name}
+        if env_eval is not None:
+            judge["agrees_with_env"] = verdict.success == env_eval.success
+            result.counts["judge_agrees_with_env" if judge["agrees_with_env"] else "judge_disagrees_with_env"] += 1
+        trajectory = self.trajectory(task, f"#{k}", episode.steps, env_eval if use_env else judged, judge=judge,
+                                     success_source="env" if use_env else "judge", **details)
+        if env_eval is not None and not use_env:
+            trajectory.details["env_evaluation"] = env_eval.as_dict()
         result.counts[f"replay_{'success' if trajectory.success else 'failure'}"] += 1
         if not trajectory.success and not self.config.keep_failed:
-            result.reject(trajectory, "outcome", f"unsuccessful: success from {trajectory.details['success_source']} "
-                                                 f"(env reward {episode.reward:g}, judge {verdict.success})")
+            why = verdict.reason if not use_env else f"{env_eval.reason} (judge: {verdict.reason})"  # type: ignore[union-attr]
+            result.reject(trajectory, "outcome", f"unsuccessful: {why}")
             return
         result.trajectories.append(trajectory)

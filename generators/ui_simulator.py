@@ -18,10 +18,18 @@ simulated web env (`env: simulated`, `env_config: {mode: web, policy: <site desc
 5. **rewrite** — retrospective relabeling: the model rewrites the instruction to match what the
    trajectory actually did (structured `{instruction}`); the trajectory's first user step gets
    the rewritten instruction, `details` keeps the original.
-6. **grow** (`grow: true`, UI-Simulator-Grow) — a task whose success rate over its attempts lies
-   in `[band_low, band_high]` (neither trivial nor hopeless: the most to learn) gets
-   `variants_per_task` variants (structured: harder / easier), which go through 3-6 too, up to
-   `grow_rounds` generations; variants record their parent task id in `provenance.parent_ids`.
+6. **grow** (`grow: true`, UI-Simulator-Grow) — after the rounds, the tasks of the last generation
+   are ranked by the *student's* teacher-forcing loss on their kept trajectories (`student.llm`: the
+   model being trained, served behind the OpenAI-compatible API with vLLM's `prompt_logprobs`, or
+   the embedded llama.cpp model; `generators.student`); the tasks whose loss lies between the
+   `band_low` and `band_high` percentiles (25th-75th by default: neither already learned nor
+   noise) get `variants_per_task` variants (structured: harder / easier), which go through 3-6
+   too, as method tasks `<task id>/grow`, up to `grow_rounds` generations. Without a student
+   model, or when its server cannot score, tasks are chosen by the teacher's success rate over
+   `attempts` (>= 4) inside `[band_low, band_high]`, with a warning and the counts
+   `grow_fallback` / `grow_selected_by_success_rate`. Variants record their parent task id in
+   `provenance.parent_ids` and the selection (how, the parent's loss or rate, the band, why) in
+   `details["grow"]`.
 
 The reward is the judge's verdict (1.0 / 0.0); the env's own goal check does not apply to
 proposed tasks (they have no goal).
@@ -29,26 +37,33 @@ proposed tasks (they have no goal).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
-from collections import deque
+from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
+import numpy as np
 import orjson
 from pydantic import BaseModel, Field, model_validator
 
+from backends.base import LLM
 from backends.errors import LLMRequestError
+from backends.scoring import ScoringError, ScoringUnsupported
 from envs.base import Environment, Task
 from envs.simulated.env import SimulationError
-from generators._episode import EnvMaker, Episode, close_env, play_episode
-from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators._episode import Episode, play_episode
+from generators.base import MAX_TASKS, RoleModel, RunSummary, TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from generators.rollout import ATTEMPT
+from generators.student import trajectory_loss
 from generators.transcript import render_transcript, tools_block
 from schemas.models import ApiAction, Step, TextObservation, Trajectory, WebObservation
 from schemas.store import Dataset
+
+log = logging.getLogger("trajforge.generators")
 
 PROPOSE_SYSTEM = (
     "You write tasks for training web agents. From the pages of a web site that an explorer saw, propose "
@@ -109,24 +124,24 @@ class Variants(BaseModel):
     variants: list[Variant]
 
 
-class UISimulatorConfig(MethodConfig):
+class UISimulatorConfig(EnvMethodConfig):
     method: Literal["ui_simulator"] = "ui_simulator"
+    requires: ClassVar[frozenset[str]] = frozenset({"pages"})
     env: str = Field("web", description="web, or simulated with env_config.mode = web")
-    env_config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
-    rounds: int = Field(2, ge=1, description="proposal rounds (the method's tasks)")
-    tasks_per_round: int = Field(3, ge=1, description="tasks proposed per round")
+    rounds: int = Field(2, ge=1, le=MAX_TASKS, description="proposal rounds (the method's tasks)")
+    tasks_per_round: int = Field(3, ge=1, le=MAX_TASKS, description="tasks proposed per round")
     walk_steps: int = Field(2, ge=0, description="random clicks before proposing")
     attempts: int = Field(2, ge=1, description="rollouts per proposed task")
     max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")
     max_steps: int = Field(12, ge=1)
     max_parse_failures: int = Field(2, ge=1)
-    agent_mode: Literal["tools", "text"] = "tools"
-    agent_temperature: float | None = None
     rewrite: bool = Field(True, description="relabel kept trajectories with what they actually did")
     keep_failed: bool = False
     grow: bool = False
-    band_low: float = Field(0.25, ge=0, le=1)
-    band_high: float = Field(0.75, ge=0, le=1)
+    student: RoleModel = Field(default_factory=RoleModel, description="the model being trained, scored by its "
+                               "teacher-forcing loss (prompt logprobs); unset: tasks are chosen by success rate")
+    band_low: float = Field(0.25, ge=0, le=1, description="lower percentile of student loss (else: success rate)")
+    band_high: float = Field(0.75, ge=0, le=1, description="upper percentile of student loss (else: success rate)")
     variants_per_task: int = Field(2, ge=1)
     grow_rounds: int = Field(1, ge=1, description="generations of variants")
     max_page_chars: int = Field(3000, ge=200, description="per page shown to the proposer")
@@ -136,6 +151,9 @@ class UISimulatorConfig(MethodConfig):
     def _band(self) -> UISimulatorConfig:
         if self.band_low > self.band_high:
             raise ValueError("band_low must be <= band_high")
+        if self.grow and self.student.llm is None and self.attempts < 4:
+            raise ValueError(f"grow without a student model (student.llm) chooses tasks by success rate, which needs "
+                             f"attempts >= 4 (got {self.attempts}); configure the student or raise attempts")
         return self
 
 
@@ -151,6 +169,17 @@ class _Node:
     successes: int = 0
     tried: int = 0
     failures: list[str] = field(default_factory=list)
+    grow: dict[str, Any] | None = None  # how a variant's parent was selected
+
+
+@dataclass
+class _Grown:
+    """What the output holds about one task of a generation: enough to select it and grow it."""
+
+    node: _Node
+    round: int
+    walk: list[str | None]
+    kept: list[Trajectory] = field(default_factory=list)
 
 
 def _elements(axtree: str | None) -> list[dict[str, Any]]:
@@ -196,7 +225,7 @@ def random_click(page: Step, tools: list[Any], rng: random.Random) -> ApiAction 
 
 
 @register_method
-class UISimulator(GenerationMethod):
+class UISimulator(EnvMethod):
     """UI-Simulator(-Grow): explore, propose tasks, roll out, judge, relabel, grow variants in the difficulty band."""
 
     name = "ui_simulator"
@@ -204,30 +233,42 @@ class UISimulator(GenerationMethod):
     templates = (PROPOSE_SYSTEM, PROPOSE_USER, JUDGE_SYSTEM, JUDGE_USER, REWRITE_SYSTEM, REWRITE_USER,
                  VARIANT_SYSTEM, VARIANT_USER, ATTEMPT)
     config: UISimulatorConfig
+    uses_task_source = False
 
     def __init__(self, config: UISimulatorConfig, llm: Any):
         super().__init__(config, llm)
-        self.make_env = EnvMaker(config.env, config.env_config, llm)
+        self.student: LLM | None = None
+        self._warned_fallback = False
 
     def tasks(self) -> Iterable[TaskSpec]:
         for r in range(self.config.rounds):
             yield TaskSpec(id=f"round-{r:04d}", payload={"round": r})
 
-    def prepare(self, output: Dataset) -> None:
-        self.make_env.output = Path(output.path)
-
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
+        """The proposal rounds, then (grow) one run per generation over the selected tasks' variants."""
+        summary = await super().run(tasks, output, progress=progress)
         try:
-            return await super().run(tasks, output, progress=progress)
+            for depth in range(1, self.config.grow_rounds + 1 if self.config.grow else 1):
+                self.student = self.role_llm("student", output)
+                chosen = await self.select_for_growth(grown_tasks(output, depth - 1), summary)
+                specs = [TaskSpec(id=f"{g.node.task.id}/grow", payload={"grow": decision, **_node_payload(g)})
+                         for g, decision in chosen]
+                if not specs:
+                    break
+                summary = summary.merge(await super().run(specs, output, progress=progress))
         finally:
-            await self.make_env.aclose()
+            await self.close_role_llms()
+        return summary
 
     # ---- the round ----------------------------------------------------------------------------
 
     async def run_task(self, spec: TaskSpec) -> TaskResult:
         result = TaskResult()
         try:
-            await self._round(spec, int(spec.payload["round"]), result)
+            if "grow" in spec.payload:
+                await self._grow_task(spec, result)
+            else:
+                await self._round(spec, int(spec.payload["round"]), result)
         except LLMRequestError as exc:
             result.fail(spec.id, "llm", str(exc), spec.payload)
         except SimulationError as exc:
@@ -244,24 +285,21 @@ class UISimulator(GenerationMethod):
                                        "metadata": {}})
 
     async def _round(self, spec: TaskSpec, r: int, result: TaskResult) -> None:
-        env = self.make_env()
-        try:
+        tools = self.tools
+        async with self.make_env() as env:
             base = self._base_task(env, r)
-            tools = env.tools()
-            pages = [await env.areset(base)]
+            pages: list[Step] = [s for s in await env.reset(base) if isinstance(s, WebObservation)]
             rng = random.Random(f"ui-simulator-walk-{self.config.seed}-{r}")
             for _ in range(self.config.walk_steps):
-                action = random_click(pages[-1], tools, rng)
+                action = random_click(pages[-1], tools, rng) if pages else None
                 if action is None:
                     break
-                step = await env.astep(action)
+                step = await env.step(action)
                 if step.info.get("error") or not isinstance(step.observation, WebObservation):
                     continue
                 pages.append(step.observation)
                 if step.done:
                     break
-        finally:
-            await close_env(env)
         shown = "\n\n".join(f"Page {i}: {p.url or ''}\n{(p.axtree or p.html or '')[: self.config.max_page_chars]}"
                             for i, p in enumerate(pages, 1) if isinstance(p, WebObservation))
         proposals = await self.llm.structured(
@@ -277,15 +315,11 @@ class UISimulator(GenerationMethod):
         if self.config.env == "simulated" and isinstance(start, WebObservation):
             # Every task of the round opens on the page that was explored (no new start page per task).
             params["start_page"] = {"url": start.url or "", "axtree": start.axtree or ""}
-        queue: deque[_Node] = deque(
-            _Node(base.model_copy(update={"id": f"{spec.id}/t{j}", "instruction": p.instruction, "params": params,
-                                          "metadata": {"expected_outcome": p.expected_outcome}}), p.expected_outcome)
-            for j, p in enumerate(proposals.tasks[: self.config.tasks_per_round]))
         walk = [p.url for p in pages if isinstance(p, WebObservation)]
-        while queue:
-            node = queue.popleft()
-            await self._attempts(node, tools, r, walk, result)
-            queue.extend(await self._grow(node, result))
+        for j, p in enumerate(proposals.tasks[: self.config.tasks_per_round]):
+            task = base.model_copy(update={"id": f"{spec.id}/t{j}", "instruction": p.instruction, "params": params,
+                                           "metadata": {"expected_outcome": p.expected_outcome}})
+            await self._attempts(_Node(task, p.expected_outcome), tools, r, walk, result)
 
     # ---- one task: attempts, judge, rewrite -----------------------------------------------------
 
@@ -295,19 +329,16 @@ class UISimulator(GenerationMethod):
             task = node.task
             if a > 0 and cfg.env == "simulated":
                 task = task.model_copy(update={"params": {**task.params, "sample": a}})
-            env = self.make_env()
-            try:
-                policy = AgentPolicy(self.llm, tools, mode=cfg.agent_mode, temperature=cfg.agent_temperature)
-                episode = await play_episode(env, policy, task, max_steps=cfg.max_steps, score=False,
+            async with self.make_env() as env:
+                episode = await play_episode(env, self.policy(), task, max_steps=cfg.max_steps, evaluate=False,
                                              max_parse_failures=cfg.max_parse_failures,
                                              guidance=ATTEMPT.format(n=a + 1) if a > 0 else None)
-            finally:
-                await close_env(env)
             node.tried += 1
             result.counts["attempts"] += 1
             result.counts["parse_failures"] += episode.parse_failures
             trajectory = self._trajectory(node, a, episode, tools, r, walk)
-            verdict = None if episode.failed else await self._judge(node, episode)
+            failed = episode.stop_reason == "max_parse_failures"
+            verdict = None if failed else await self._judge(node, episode)
             if verdict is not None:
                 trajectory.details["judge"] = verdict.model_dump()
             if verdict is not None and verdict.success:
@@ -317,7 +348,7 @@ class UISimulator(GenerationMethod):
                 await self._relabel(trajectory, result)
                 result.trajectories.append(trajectory)
                 continue
-            if episode.failed:
+            if failed:
                 reason = f"max_parse_failures: {episode.parse_failures} unreadable answers"
             elif verdict is None:
                 reason = "no verdict: no valid judge answer"
@@ -340,7 +371,7 @@ class UISimulator(GenerationMethod):
         return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
     async def _judge(self, node: _Node, episode: Episode) -> Verdict | None:
-        return await self.llm.structured(
+        return await self.judge_llm.structured(
             [{"role": "system", "content": JUDGE_SYSTEM},
              {"role": "user", "content": JUDGE_USER.format(instruction=node.task.instruction, expected=node.expected,
                                                            transcript=self._transcript(episode.steps))}], Verdict)
@@ -375,11 +406,13 @@ class UISimulator(GenerationMethod):
             provenance=self.provenance(node.task.id, parents=parents, seed=a).model_copy(
                 update={"source_id": node.task.id}),
             details={
-                "env": self.make_env.describe(),
+                "env": self.envs.describe(),
                 "round": r,
                 "walk": walk,
                 "task": {"id": node.task.id, "expected_outcome": node.expected, "depth": node.depth,
                          "parent": node.parent, "direction": node.direction},
+                "env_task": node.task.model_dump(mode="json"),
+                **({"grow": node.grow} if node.grow is not None else {}),
                 "original_instruction": node.task.instruction,
                 "attempt": a,
                 "stop_reason": episode.stop_reason,
@@ -389,18 +422,96 @@ class UISimulator(GenerationMethod):
             },
         )
 
-    # ---- grow -----------------------------------------------------------------------------------
+    # ---- grow ---------------------------------------------------------------------------------
 
-    async def _grow(self, node: _Node, result: TaskResult) -> list[_Node]:
+    async def select_for_growth(self, pool: list[_Grown], summary: RunSummary) -> list[tuple[_Grown, dict[str, Any]]]:
+        """The tasks to grow, each with why: by the student's loss band, else (warned, counted) by success rate."""
         cfg = self.config
-        if not cfg.grow or node.depth >= cfg.grow_rounds or not node.tried:
+        live = [g for g in pool if len(g.node.failures) < cfg.max_failures]  # dropped tasks are not grown
+        summary.counts["grow_dropped_tasks"] += len(pool) - len(live)
+        if self.student is None:
+            why = "no student model is configured (student.llm)"
+        else:
+            try:
+                return await self._select_by_loss(live, summary)
+            except ScoringUnsupported as exc:
+                why = f"the student model cannot score: {exc}"
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            log.warning("%s: Grow chooses tasks by the teacher's success rate over %d attempts instead of the "
+                        "student's loss, because %s", self.name, cfg.attempts, why)
+        summary.counts["grow_fallback"] += 1
+        chosen = []
+        for g in live:
+            rate = g.node.successes / g.node.tried if g.node.tried else 0.0
+            if cfg.band_low <= rate <= cfg.band_high:
+                chosen.append((g, {"selected_by": "success_rate", "success_rate": rate, "band": [cfg.band_low, cfg.band_high],
+                                   "reason": f"{g.node.successes} of {g.node.tried} attempts succeeded ({why})"}))
+            else:
+                summary.counts["outside_band"] += 1
+        summary.counts["grow_selected_by_success_rate"] += len(chosen)
+        return chosen
+
+    async def _select_by_loss(self, pool: list[_Grown], summary: RunSummary) -> list[tuple[_Grown, dict[str, Any]]]:
+        """UI-Simulator-Grow: tasks whose mean student loss over their kept trajectories lies in the percentile band."""
+        assert self.student is not None
+        student = self.student
+        scored = [g for g in pool if g.kept]
+        summary.counts["grow_unscored_no_trajectory"] += len(pool) - len(scored)
+
+        unsupported: list[ScoringUnsupported] = []
+
+        async def loss(traj: Trajectory) -> float | None:
+            try:
+                return (await trajectory_loss(student, traj)).mean_nll
+            except ScoringError as exc:
+                log.info("%s: trajectory %s not scored: %s", self.name, traj.id, exc)
+            except ScoringUnsupported as exc:
+                unsupported.append(exc)
+            return None
+
+        # Every trajectory at once: the student's server answers them concurrently, through its limiter.
+        flat = await asyncio.gather(*(loss(t) for g in scored for t in g.kept))
+        if unsupported:
+            raise unsupported[0]
+        losses: dict[str, float] = {}
+        start = 0
+        for g in scored:
+            values = [v for v in flat[start:start + len(g.kept)] if v is not None]
+            start += len(g.kept)
+            summary.counts["grow_scored_trajectories"] += len(values)
+            summary.counts["grow_unscorable_trajectories"] += len(g.kept) - len(values)
+            if values:
+                losses[g.node.task.id] = sum(values) / len(values)
+        if not losses:
             return []
-        if len(node.failures) >= cfg.max_failures:
-            return []  # dropped tasks are not grown
-        rate = node.successes / node.tried
-        if not cfg.band_low <= rate <= cfg.band_high:
-            result.counts["outside_band"] += 1
-            return []
+        lo, hi = (float(x) for x in np.percentile(list(losses.values()), [self.config.band_low * 100,
+                                                                           self.config.band_high * 100]))
+        chosen = []
+        for g in scored:
+            value = losses.get(g.node.task.id)
+            if value is None:
+                continue
+            if lo <= value <= hi:
+                chosen.append((g, {"selected_by": "student_loss", "student_loss": value, "band": [lo, hi],
+                                   "reason": f"student loss {value:.4f} within the {self.config.band_low:.0%}-"
+                                             f"{self.config.band_high:.0%} percentile band [{lo:.4f}, {hi:.4f}] of "
+                                             f"{len(losses)} tasks"}))
+            else:
+                summary.counts["outside_band"] += 1
+        summary.counts["grow_selected_by_student_loss"] += len(chosen)
+        return chosen
+
+    async def _grow_task(self, spec: TaskSpec, result: TaskResult) -> None:
+        """Variants of one selected task, each attempted, judged and relabeled like a proposed task."""
+        p = spec.payload
+        parent = _Node(Task.model_validate(p["task"]), p["expected"], depth=p["depth"], successes=p["successes"],
+                       tried=p["tried"])
+        for node in await self._variants(parent, p["grow"], result):
+            await self._attempts(node, self.tools, p["round"], p["walk"], result)
+
+    async def _variants(self, node: _Node, decision: dict[str, Any], result: TaskResult) -> list[_Node]:
+        cfg = self.config
         answer = await self.llm.structured(
             [{"role": "system", "content": VARIANT_SYSTEM},
              {"role": "user", "content": VARIANT_USER.format(n=cfg.variants_per_task, instruction=node.task.instruction,
@@ -415,6 +526,38 @@ class UISimulator(GenerationMethod):
             _Node(node.task.model_copy(update={"id": f"{node.task.id}/v{m}", "instruction": v.instruction,
                                                "metadata": {"expected_outcome": v.expected_outcome,
                                                             "direction": v.direction}}),
-                  v.expected_outcome, depth=node.depth + 1, parent=node.task.id, direction=v.direction)
+                  v.expected_outcome, depth=node.depth + 1, parent=node.task.id, direction=v.direction,
+                  grow={"parent": node.task.id, **decision})
             for m, v in enumerate(variants)
         ]
+
+
+def grown_tasks(output: Dataset, depth: int) -> list[_Grown]:
+    """The tasks of generation `depth` in `output` (kept and filtered attempts), in task id order."""
+    by_task: dict[str, _Grown] = {}
+    attempts: dict[str, list[Trajectory]] = defaultdict(list)
+    for traj in [*output.iter_records(), *(f.record for f in output.iter_records("filtered"))]:
+        info = traj.details.get("task")
+        if isinstance(info, dict) and info.get("depth") == depth and "env_task" in traj.details:
+            attempts[info["id"]].append(traj)
+    for task_id in sorted(attempts):
+        trajs = sorted(attempts[task_id], key=lambda t: t.details["attempt"])
+        first = trajs[0]
+        info = first.details["task"]
+        node = _Node(Task.model_validate(first.details["env_task"]), info["expected_outcome"], depth=depth,
+                     parent=info.get("parent"), direction=info.get("direction"))
+        for t in trajs:
+            node.tried += 1
+            if t.success:
+                node.successes += 1
+            else:
+                node.failures.append("failed")
+        by_task[task_id] = _Grown(node, int(first.details["round"]), list(first.details["walk"]),
+                                  [t for t in trajs if t.success])
+    return list(by_task.values())
+
+
+def _node_payload(g: _Grown) -> dict[str, Any]:
+    n = g.node
+    return {"task": n.task.model_dump(mode="json"), "expected": n.expected, "depth": n.depth,
+            "successes": n.successes, "tried": n.tried, "round": g.round, "walk": g.walk}

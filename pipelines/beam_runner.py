@@ -22,6 +22,7 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
@@ -36,12 +37,12 @@ class PipelineError(Exception):
     """A fatal problem with a pipeline run (bad config, counts that do not add up, a failed runner)."""
 
 
-def check_portable(runner: str, beam_args: Sequence[str], error: type[Exception] = PipelineError) -> None:
+def check_portable(runner: str | Any, beam_args: Sequence[str], error: type[Exception] = PipelineError) -> None:
     """Refuse portable-runner settings that cannot work, naming the fix; stages call it before
-    they touch their output."""
+    they touch their output. `runner` is a name or class path (a runner object is not checked)."""
     portable = PipelineOptions(list(beam_args)).view_as(PortableOptions)
     env_type = (portable.environment_type or "").upper()
-    if runner.rsplit(".", 1)[-1] == "PortableRunner" and not portable.job_endpoint:
+    if isinstance(runner, str) and runner.rsplit(".", 1)[-1] == "PortableRunner" and not portable.job_endpoint:
         raise error("PortableRunner needs --job_endpoint: 'embed' (a job service in this process) or the "
                     "address of a Flink or Spark job service")
     if env_type == "EXTERNAL" and not portable.environment_config:
@@ -74,7 +75,7 @@ def staging_dir(ds: Dataset, stage: str) -> Path:
 def run_beam(
     build: Callable[[beam.Pipeline], None],
     *,
-    runner: str,
+    runner: str | Any,
     beam_args: Sequence[str],
     temp_location: Path,
     error: type[Exception] = PipelineError,

@@ -5,6 +5,9 @@ holds them together) at a fraction of the cost: a trajectory becomes one nested 
 schema field order (its steps, tools and provenance tuples too) instead of dicts that Arrow
 looks up field by field, and the whole batch is converted by a single `pa.array` call into
 the table's struct type.
+
+Converters may build these tuples themselves, without models (`ConverterInfo.to_row`, built
+with `schemas.rows`); `BatchBuilder.add_row` takes such a row.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def _json_or_none(value: Any) -> str | None:
     return _dumps(value) if value else None
 
 
-def _image(image: ImageRef | None) -> dict[str, Any] | None:
+def _image_row(image: ImageRef | None) -> dict[str, Any] | None:
     if image is None:
         return None
     annotations = None
@@ -50,9 +53,9 @@ def _step(s: Any) -> tuple[Any, ...]:
     elif kind == "json":
         content, source, name = _dumps(s.content), s.source, s.name
     elif kind == "image":
-        image = _image(s.image)
+        image = _image_row(s.image)
     elif kind == "web":
-        url, html, axtree, image = s.url, s.html, s.axtree, _image(s.screenshot)
+        url, html, axtree, image = s.url, s.html, s.axtree, _image_row(s.screenshot)
         viewport = list(s.viewport) if s.viewport is not None else None
     return (kind, s.tool_call_id, thought, reasoning, function, arguments, language, content, source, name,
             url, html, axtree, image, viewport, s.reward, s.label, s.train, _json_or_none(s.extra))
@@ -78,8 +81,13 @@ class BatchBuilder:
         details = _json_or_none(t.details)
         p = t.provenance
         provenance = (p.method, p.source_dataset, p.source_id, p.source_format, p.model, p.prompt_template_hash,
-                      p.seed, p.task_id, list(p.parent_ids), p.trajforge_version, p.created_at)
+                      p.seed, p.task_id, list(p.parent_ids), p.trajforge_version, p.created_at,
+                      p.schema_version, p.task_split)
         self.rows.append((t.id, t.source, steps, tools, t.reward, t.success, provenance, details))
+
+    def add_row(self, row: tuple[Any, ...]) -> None:
+        """Add a row a converter built without models (`schemas.rows`)."""
+        self.rows.append(row)
 
     def finish(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_struct_array(pa.array(self.rows, type=_ROW_TYPE))

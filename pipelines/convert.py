@@ -10,7 +10,9 @@ Pipeline shape (see `pipelines.convert_work` for why there are two steps):
 
 The driver (`run_convert`) plans the chunks, skips those whose unit is already finished
 (resume, idempotent re-run), runs the pipeline, and sums the manifest's unit counts for the
-summary: in = out + quarantined + duplicates, checked per unit and in total.
+summary: in = out + quarantined + duplicates, checked per unit and in total. Chunks a killed
+run converted but did not commit are staged durably in `.tmp-convert-staged/` and taken over,
+not converted again (`pipelines.convert_work.load_result`).
 
 Any Beam runner works (`runner=` plus `beam_args`, e.g. DataflowRunner, FlinkRunner,
 SparkRunner): the output directory (which also holds the staged shards) must then be a
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import logging
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -39,16 +44,23 @@ from pipelines.convert_work import (
     ChunkResult,
     committed_ids,
     convert_chunk,
+    load_result,
     losers_of_partition,
     partitioned,
     positions,
+    prune_staged,
     staged_units,
     write_unit,
 )
+from pipelines.convert_render import with_renderer
+from pipelines.convert_worker import driver_identity
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
+from schemas.models import SCHEMA_VERSION
 from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset
 
 STAGING_PREFIX = f"{TEMP_PREFIX}convert-"
+# Converted, uncommitted chunks; kept across runs so a re-run after a kill takes them over.
+STAGED_DIR = f"{STAGING_PREFIX}staged"
 # Progress callback: (chunks converted, chunks written, chunks to do).
 Progress = Callable[[int, int, int], None]
 # Below this many records to convert, worker processes cost more than they save (each starts
@@ -58,6 +70,16 @@ _LOCAL_RUNNERS = frozenset({DEFAULT_RUNNER, "FnApiRunner"})
 # Partitions of the id space for the duplicate decision: its parallelism, and 1/N of the ids in
 # memory per partition.
 ID_PARTITIONS = 64
+
+
+class _DropRunningModeWarning(logging.Filter):
+    # FnApiRunner warns when several workers run without its own multi-process mode; ours
+    # (`_local_runner`) is that mode with a worker that exits with the driver.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "direct_running_mode" not in record.getMessage()
+
+
+_RUNNING_MODE_FILTER = _DropRunningModeWarning()
 
 
 class ConvertError(Exception):
@@ -76,6 +98,8 @@ class ConvertSummary:
     counts: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     workers: int = 1
+    # Chunks of chunks_done that a killed run had converted: committed now, not converted again.
+    chunks_reused: int = 0
 
     @property
     def quarantine_reasons(self) -> dict[str, int]:
@@ -96,18 +120,18 @@ def trajforge_version() -> str:
 
 def config_hash(source: str, converter: str, chunk_size: int) -> str:
     # Not the inputs: a unit name already encodes its input, and adding inputs to an output is fine.
-    key = f"convert\0{source}\0{converter}\0{chunk_size}\0{trajforge_version()}"
+    key = f"convert\0{source}\0{converter}\0{chunk_size}\0{trajforge_version()}\0{SCHEMA_VERSION}"
     return hashlib.sha256(key.encode()).hexdigest()
 
 
 class ConvertChunk(beam.DoFn):
-    """Step 1 on a worker: convert one chunk and stage its shards."""
+    """Step 1 on a worker: convert one chunk and stage its shards (or take over what a killed run staged)."""
 
     def __init__(self, source: str, output: str, spill_dir: str, max_rows: int, max_bytes: int) -> None:
         self.source = source
         # Resolved on the driver and pickled along: a converter registered by the user's own code
         # is unknown to a worker's registry.
-        self.fn = get_converter(source).fn
+        self.converter = get_converter(source)
         self.output = output
         self.spill_dir = spill_dir
         self.max_rows = max_rows
@@ -115,11 +139,19 @@ class ConvertChunk(beam.DoFn):
         self.records_in = beam.metrics.Metrics.counter("convert", "records_in")
 
     def setup(self) -> None:
+        # The browser starts on the worker, for converters that render pages.
+        self.info, self.renderer = with_renderer(self.converter)
         self.dataset = Dataset(Path(self.output))
 
+    def teardown(self) -> None:
+        if self.renderer is not None:
+            self.renderer.close()
+
     def process(self, chunk: Chunk) -> Any:
-        result = convert_chunk(chunk, self.fn, self.dataset, Path(self.spill_dir),
-                               max_rows=self.max_rows, max_bytes=self.max_bytes)
+        result = load_result(Path(self.spill_dir), chunk.unit)
+        if result is None:
+            result = convert_chunk(chunk, self.info, self.dataset, Path(self.spill_dir),
+                                   max_rows=self.max_rows, max_bytes=self.max_bytes)
         self.records_in.inc(result.counts.get("in", 0))
         yield result
 
@@ -230,8 +262,22 @@ def local_workers(
     return cpus if cpus > 1 and todo_records >= AUTO_WORKERS_MIN_RECORDS else 1
 
 
-def _worker_args(workers: int) -> list[str]:
-    return [] if workers <= 1 else [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+def _local_runner(runner: str, workers: int) -> tuple[Any, list[str]]:
+    """The runner and Beam options for `workers` local worker processes: FnApiRunner's own
+    multi-process mode, but each worker is `pipelines.convert_worker`, which exits as soon as
+    this driver is gone (Beam's worker lingers for seconds after a kill)."""
+    if workers <= 1:
+        return runner, []
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    driver = driver_identity()
+    if driver is None:  # no /proc: Beam's own worker
+        return runner, [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    command = f"{shlex.quote(sys.executable)} -m pipelines.convert_worker {driver[0]} {driver[1]}"
+    logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_RUNNING_MODE_FILTER)
+    environment = SubprocessSDKEnvironment.from_command_string(command_string=command)
+    return FnApiRunner(default_environment=environment), [f"--direct_num_workers={workers}"]
 
 
 def run_convert(
@@ -264,29 +310,36 @@ def run_convert(
         raise ConvertError("no inputs given")
     local_workers(workers, runner, beam_args, 0)  # a conflicting request fails before the output is touched
     check_portable(runner, beam_args, ConvertError)
-    chunks = plan_chunks(list(inputs), chunk_size)
+    chunks = plan_chunks(list(inputs), chunk_size, info.episode_key)
     converter = f"{info.fn.__module__}.{info.fn.__qualname__}"
     ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),
                         overwrite=overwrite)
     out_path = str(ds.path.resolve())
-    # Leftovers of a killed run: temp shards of unfinished units and old staging dirs.
+    # Leftovers of a killed run: temp shards of unfinished units, Beam's temp dirs, and staged
+    # chunks that are committed already or were cut short (the others are taken over).
     ds.recover()
+    staged_dir = ds.path / STAGED_DIR
     for stale in ds.path.glob(f"{STAGING_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale != staged_dir or overwrite:
+            shutil.rmtree(stale, ignore_errors=True)
+    staged_dir.mkdir(exist_ok=True)
     finished = ds.finished_units()
     todo = [c for c in chunks if c.unit not in finished]
-    n_workers = local_workers(workers, runner, beam_args, sum(c.stop - c.start for c in todo))
+    reused = len(prune_staged(staged_dir, finished).keys() & {c.unit for c in todo})
+    n_workers = local_workers(workers, runner, beam_args, sum(c.rows for c in todo))
     if todo:
         ds.update_manifest(complete=False)
-        _run_pipeline(ds, out_path, todo, sorted(finished), source=source, runner=runner,
-                      beam_args=[*beam_args, *_worker_args(n_workers)], max_rows=max_rows, max_bytes=max_bytes,
+        beam_runner, worker_args = _local_runner(runner, n_workers)
+        _run_pipeline(ds, out_path, todo, sorted(finished), source=source, runner=beam_runner,
+                      beam_args=[*beam_args, *worker_args], max_rows=max_rows, max_bytes=max_bytes,
                       on_progress=on_progress)
     missing = [c.unit for c in chunks if not ds.is_finished(c.unit)]
     if missing:
         raise ConvertError(f"{len(missing)} chunks were not written (first: {missing[0]}); re-run to resume")
     counts = summarize(ds, chunks)
+    shutil.rmtree(staged_dir, ignore_errors=True)  # every unit is committed
     summary = ConvertSummary(out_path, list(inputs), len(chunks), len(todo), len(chunks) - len(todo), counts,
-                             time.perf_counter() - started, n_workers if todo else 0)
+                             time.perf_counter() - started, n_workers if todo else 0, reused)
     if not summary.balanced:
         raise ConvertError(f"counts do not add up: in={counts['in']} out={counts['out']} "
                            f"quarantined={counts['quarantined']} duplicate={counts['duplicate']}")
@@ -301,19 +354,16 @@ def _run_pipeline(
     finished: list[str],
     *,
     source: str,
-    runner: str,
+    runner: Any,
     beam_args: Sequence[str],
     max_rows: int,
     max_bytes: int,
     on_progress: Progress | None,
 ) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_path))
-    # Spill files and Beam's temp_location both live in this hidden dir: removed at the end,
-    # and by the next run if this one is killed (a /tmp dir would leak on SIGKILL).
-    spill_dir = staging / "spill"
-    beam_tmp = staging / "beam-tmp"
-    spill_dir.mkdir()
-    beam_tmp.mkdir()
+    # Beam's temp_location lives in a hidden dir of the output: removed at the end, and by the
+    # next run if this one is killed (a /tmp dir would leak on SIGKILL).
+    beam_tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}beam-", dir=out_path))
+    spill_dir = Path(out_path) / STAGED_DIR
     stop = threading.Event()
     poller = None
     if on_progress is not None:
@@ -331,4 +381,4 @@ def _run_pipeline(
             with_units = {c.unit for c in todo}
             done = len(with_units & set(ds.finished_units()))
             on_progress(done, done, len(todo))  # type: ignore[misc]
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(beam_tmp, ignore_errors=True)

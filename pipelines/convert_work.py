@@ -14,12 +14,19 @@ rewritten, so a duplicate found later (in another chunk) could no longer be remo
 Staging costs nothing in the common case and buys a simple rule that holds on any runner
 and across resumes: per id, the copy already committed wins, otherwise the first in input
 order (input, chunk, position).
+
+Staged chunks are durable: step 1 ends by writing the chunk's result (`<unit>.result.json`,
+after its shards are synced), and a re-run after a kill takes a staged result instead of
+converting the chunk again (`load_result`), so only chunks that had not finished step 1 are
+converted again. The duplicate decision is the same either way: it sees the same ids at the
+same positions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from converters.registry import KEYLESS, ConverterInfo, group_consecutive
 from pipelines.columns import BatchBuilder
 from pipelines.inputs import Chunk, ParseFailure, read_chunk
 from schemas import jsonutil
@@ -52,6 +60,8 @@ class ChunkResult:
     counts: dict[str, int] = field(default_factory=dict)
     # The unit's shards, written but not committed (`UnitWriter.stage`).
     staged: dict[str, Any] = field(default_factory=dict)
+    # Where this result is saved until the unit is committed ("" when not saved).
+    result_file: str = ""
 
 
 def quarantine_key(stage: str, error_class: str) -> str:
@@ -77,16 +87,23 @@ def _raw_json(value: Any) -> str:
 
 
 def _convert(
-    records: Iterable[tuple[str, Any]], fn: Callable[[Any], Trajectory], add: Callable[[Trajectory], None]
+    records: Iterable[tuple[str, Any]],
+    info: ConverterInfo,
+    add: Callable[[Trajectory], None],
+    add_row: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]], Counter[str]]:
     """Convert records and hand each trajectory to `add`; anything that fails goes to quarantine rows.
 
-    Returns (ids of the added trajectories, quarantine rows, counts). The converter validates
-    (it returns a pydantic Trajectory), so nothing is validated twice.
+    With `add_row` and a converter that builds rows without models (`ConverterInfo.to_row`), a
+    record it vouches for goes to `add_row` as a ready row; any other record takes the
+    converter's own path (the models validate it, or reject it naming the problem).
+    Returns (ids of the added trajectories, quarantine rows, counts).
     """
     ids: list[str] = []
     bad: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
+    fn = info.fn
+    to_row = info.to_row if add_row is not None else None
     for location, raw in records:
         counts["in"] += 1
         if isinstance(raw, ParseFailure):
@@ -94,6 +111,11 @@ def _convert(
             counts[quarantine_key("parse", raw.error_class)] += 1
             continue
         try:
+            row = to_row(raw) if to_row is not None else None
+            if row is not None:
+                add_row(row)  # type: ignore[misc]
+                ids.append(row[0])
+                continue
             traj = fn(raw)
             if not isinstance(traj, Trajectory):
                 raise TypeError(f"converter returned {type(traj).__name__}, expected Trajectory")
@@ -111,7 +133,7 @@ def convert_records(
 ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]], Counter[str]]:
     """Convert records to trajectory rows (dicts); returns (rows, their ids, quarantine rows, counts)."""
     rows: list[dict[str, Any]] = []
-    ids, bad, counts = _convert(records, fn, lambda t: rows.append(trajectory_to_row(t)))
+    ids, bad, counts = _convert(records, ConverterInfo("", fn), lambda t: rows.append(trajectory_to_row(t)))
     return rows, ids, bad, counts
 
 
@@ -140,8 +162,57 @@ def _to_batch(
     return pa.RecordBatch.from_pylist(keep_rows, schema=TRAJECTORY_SCHEMA), keep_ids
 
 
+def chunk_records(chunk: Chunk, info: ConverterInfo, read: Counter[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each record the chunk's rows make, as `ConverterInfo.records` makes
+    them: a row split into its records (`file#3[1]`), or consecutive step rows grouped into one
+    episode (`file:10..file:18`). An episode holding an unreadable row cannot be completed: it
+    comes out as one ParseFailure naming the episode and the row, with all its rows' text.
+    `read["rows"]` counts the rows read."""
+    pairs: Iterator[tuple[str, Any]] = read_chunk(chunk) if read is None else _counted(read_chunk(chunk), read)
+    if info.split_row is not None:
+        pairs = _split(pairs, info.split_row)
+    if info.episode_key is not None:
+        pairs = _episodes(pairs, info.episode_key)
+    return pairs
+
+
+def _counted(pairs: Iterator[tuple[str, Any]], read: Counter[str]) -> Iterator[tuple[str, Any]]:
+    for pair in pairs:
+        read["rows"] += 1
+        yield pair
+
+
+def _split(pairs: Iterable[tuple[str, Any]], split: Callable[[Any], list[Any]]) -> Iterator[tuple[str, Any]]:
+    for location, raw in pairs:
+        if isinstance(raw, ParseFailure) or not isinstance(raw, list):
+            yield location, raw
+            continue
+        for i, record in enumerate(split(raw)):
+            yield f"{location}[{i}]", record
+
+
+def _episodes(pairs: Iterable[tuple[str, Any]], key_of: Callable[[Any], Any]) -> Iterator[tuple[str, Any]]:
+    def key(pair: tuple[str, Any]) -> Any:
+        return KEYLESS if isinstance(pair[1], ParseFailure) else key_of(pair[1])
+
+    for run in group_consecutive(pairs, key):
+        location = run[0][0] if len(run) == 1 else f"{run[0][0]}..{run[-1][0]}"
+        broken = [(loc, raw) for loc, raw in run if isinstance(raw, ParseFailure)]
+        if not broken:
+            yield location, [raw for _, raw in run]
+            continue
+        keys = [k for k in map(key, run) if k is not KEYLESS]
+        name = f"episode {keys[0]!r}" if keys else "a run of rows without an episode key"
+        where, failure = broken[0]
+        text = "[" + ", ".join(raw.text if isinstance(raw, ParseFailure) else _raw_json(raw) for _, raw in run) + "]"
+        yield location, ParseFailure(
+            text=text, error=f"{name} cannot be completed: row {where} is unreadable ({failure.error})",
+            error_class="IncompleteEpisode",
+        )
+
+
 def convert_to_batches(
-    chunk: Chunk, fn: Callable[[Any], Trajectory], batch_rows: int
+    chunk: Chunk, info: ConverterInfo, batch_rows: int, read: Counter[str] | None = None
 ) -> Iterator[tuple[pa.RecordBatch, list[str], list[dict[str, Any]], Counter[str]]]:
     """A chunk -> (trajectory batch, its ids, quarantine rows, counts) for each run of
     `batch_rows` records: the same result as `convert_records` + `_to_batch` over the run,
@@ -152,47 +223,109 @@ def convert_to_batches(
     run's batch is in memory. A run with a value Arrow rejects (rare) is read and converted
     again by rows, which finds and quarantines the culprits one by one.
     """
-    records = read_chunk(chunk)
+    records = chunk_records(chunk, info, read)
     done = 0
     while True:
         builder = BatchBuilder()
-        ids, bad, counts = _convert(itertools.islice(records, batch_rows), fn, builder.add)
+        ids, bad, counts = _convert(itertools.islice(records, batch_rows), info, builder.add, builder.add_row)
         if not counts["in"]:
             return
         try:
             batch = builder.finish()
         except _ARROW_ERRORS:
-            again = itertools.islice(read_chunk(chunk), done, done + counts["in"])
-            rows, ids, bad, counts = convert_records(again, fn)
+            again = itertools.islice(chunk_records(chunk, info), done, done + counts["in"])
+            rows, ids, bad, counts = convert_records(again, info.fn)
             batch, ids = _to_batch(rows, ids, bad, counts)
         done += counts["in"]
         yield batch, ids, bad, counts
 
 
 def convert_chunk(
-    chunk: Chunk, fn: Callable[[Any], Trajectory], dataset: Dataset, spill_dir: Path, *, max_rows: int, max_bytes: int
+    chunk: Chunk, info: ConverterInfo, dataset: Dataset, spill_dir: Path, *, max_rows: int, max_bytes: int
 ) -> ChunkResult:
     """Step 1: convert one chunk and write its shards into `spill_dir`, uncommitted; returns
     its ids, counts and staged shards."""
     ids: list[str] = []
     bad: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
+    read: Counter[str] = Counter()
     writer = dataset.unit(chunk.unit, max_rows=max_rows, max_bytes=max_bytes, staging=spill_dir)
     try:
         # One run per row group: the shards come out as if the chunk were written in one batch.
-        for batch, run_ids, run_bad, run_counts in convert_to_batches(chunk, fn, writer.row_group_rows):
+        for batch, run_ids, run_bad, run_counts in convert_to_batches(chunk, info, writer.row_group_rows, read):
             writer.write_batch("trajectories", batch)
             ids += run_ids
             bad += run_bad
             counts.update(run_counts)
         counts["converted"] = len(ids)
         counts["quarantined"] = len(bad)
+        counts["rows"] = read["rows"]  # raw rows, when records are episodes of rows or split from them
         writer.write_batch("quarantine", pa.RecordBatch.from_pylist(bad, schema=QUARANTINE_SCHEMA))
         staged = writer.stage()
     except BaseException:
         writer.abort()
         raise
-    return ChunkResult(chunk.unit, chunk.order, ids, dict(counts), staged)
+    return save_result(ChunkResult(chunk.unit, chunk.order, ids, dict(counts), staged), spill_dir)
+
+
+RESULT_SUFFIX = ".result.json"
+
+
+def save_result(result: ChunkResult, spill_dir: Path) -> ChunkResult:
+    """Make a staged chunk durable: its result, written after its shards (synced by the writer)."""
+    import orjson
+
+    path = spill_dir / f"{result.unit}{RESULT_SUFFIX}"
+    result.result_file = str(path)
+    data = {"unit": result.unit, "order": list(result.order), "ids": result.ids, "counts": result.counts,
+            "staged": result.staged}
+    tmp = spill_dir / f".{result.unit}{RESULT_SUFFIX}.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(orjson.dumps(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return result
+
+
+def load_result(spill_dir: Path, unit: str) -> ChunkResult | None:
+    """The staged result a killed run left for `unit`, or None (none, unreadable, or shards gone)."""
+    import orjson
+
+    path = spill_dir / f"{unit}{RESULT_SUFFIX}"
+    try:
+        data = orjson.loads(path.read_bytes())
+        result = ChunkResult(data["unit"], tuple(data["order"]), data["ids"], data["counts"], data["staged"], str(path))
+        files = [Path(e["tmp"]) for entries in result.staged["tables"].values() for e in entries]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if result.unit != unit or not all(f.is_file() for f in files):
+        return None
+    return result
+
+
+def saved_results(spill_dir: Path) -> dict[str, ChunkResult]:
+    """Every usable staged result in `spill_dir`, by unit."""
+    found = {}
+    for path in spill_dir.glob(f"*{RESULT_SUFFIX}"):
+        unit = path.name.removesuffix(RESULT_SUFFIX)
+        if (result := load_result(spill_dir, unit)) is not None:
+            found[unit] = result
+    return found
+
+
+def prune_staged(spill_dir: Path, finished: Iterable[str]) -> dict[str, ChunkResult]:
+    """Before a run: drop staged results of finished units and files no usable result lists
+    (a conversion killed mid-chunk); returns the results a run can take over."""
+    results = saved_results(spill_dir)
+    for unit in set(finished) & set(results):
+        _remove(*(Path(e["tmp"]) for es in results.pop(unit).staged["tables"].values() for e in es))
+    keep = {Path(e["tmp"]).name for r in results.values() for es in r.staged["tables"].values() for e in es}
+    keep |= {f"{unit}{RESULT_SUFFIX}" for unit in results}
+    for path in spill_dir.iterdir():
+        if path.name not in keep:
+            _remove(path)
+    return results
 
 
 def positions(result: ChunkResult) -> Iterator[tuple[str, Position]]:
@@ -253,9 +386,10 @@ def write_unit(
     """Step 2: commit a chunk's staged shards as one store unit; with duplicates to drop
     (rare), its rows are rewritten without them."""
     staged_files = [Path(e["tmp"]) for entries in result.staged["tables"].values() for e in entries]
+    saved = [Path(result.result_file)] if result.result_file else []
     if dataset.is_finished(result.unit):
         # A retried bundle: the unit was committed by the first attempt.
-        _remove(*staged_files)
+        _remove(*staged_files, *saved)
         return dataset.finished_units()[result.unit]["counts"]
     drop = set(losers)
     counts = Counter(result.counts)
@@ -265,6 +399,7 @@ def write_unit(
         raise AssertionError(f"unit {result.unit}: counts do not add up: {dict(counts)}")
     if not drop:
         dataset.commit_staged(result.unit, {**result.staged, "counts": {**result.staged["counts"], **counts}})
+        _remove(*saved)
         return dict(counts)
     tables = {table: _read_staged(entries, table) for table, entries in result.staged["tables"].items()}
     traj = tables.get("trajectories")
@@ -274,7 +409,7 @@ def write_unit(
         for table, data in tables.items():
             unit.write_batch(table, data)
         unit.counts.update(counts)
-    _remove(*staged_files)
+    _remove(*staged_files, *saved)
     return dict(counts)
 
 
@@ -285,8 +420,8 @@ def _read_staged(entries: list[dict[str, Any]], table: str) -> pa.Table:
 
 
 def staged_units(spill_dir: Path) -> set[str]:
-    """Units with shards staged in `spill_dir` (converted, not yet committed)."""
-    return {p.name.split(".", 1)[0] for p in spill_dir.glob("*.parquet")}
+    """Units staged in `spill_dir` (converted, not yet committed)."""
+    return {p.name.removesuffix(RESULT_SUFFIX) for p in spill_dir.glob(f"*{RESULT_SUFFIX}")}
 
 
 def _remove(*paths: Path) -> None:

@@ -58,7 +58,7 @@ from pipelines.filter import (
     unit_for_shard,
 )
 from schemas.arrow import FILTERED_SCHEMA, TRAJECTORY_SCHEMA
-from schemas.store import DEFAULT_MAX_ROWS, ROW_GROUP_ROWS, Dataset
+from schemas.store import DEFAULT_MAX_ROWS, ROW_GROUP_ROWS, Dataset, check_apart
 
 CLUSTERS_FILE = "clusters.parquet"
 EXACT_BAND = -1
@@ -436,7 +436,8 @@ def run_dedup(
         raise PipelineError(f"threshold must be in (0, 1], got {threshold}")
     check_portable(runner, beam_args)
     source = Dataset.open(input_dir)
-    shards = [s.resolve() for s in source.shard_files("trajectories")]
+    check_apart(output, [input_dir])
+    shards = [s.resolve() for s in source.checked_shard_files("trajectories")]
     units = [unit_for_shard(s) for s in shards]
     if len(set(units)) != len(units):
         raise PipelineError(f"{input_dir}: shard file names repeat; cannot name units after them")

@@ -33,7 +33,7 @@ from filters.chain import DEFAULT_CONCURRENCY, Chain, Outcome, config_digest, lo
 from pipelines.beam_runner import DEFAULT_RUNNER, PipelineError, check_portable, run_beam, staging_dir
 from schemas.arrow import trajectory_from_row
 from schemas.models import FilterDecision, Filtered, Quarantined
-from schemas.store import DEFAULT_MAX_ROWS, Dataset
+from schemas.store import DEFAULT_MAX_ROWS, Dataset, check_apart
 
 DEFAULT_BATCH = 256
 BALANCE_KEYS = ("in", "kept", "filtered", "quarantined")
@@ -219,7 +219,8 @@ def run_filter(
     check_portable(runner, beam_args)
     factories = factories_for(specs)
     source = Dataset.open(input_dir)
-    shards = source.shard_files("trajectories")
+    check_apart(output, [input_dir])
+    shards = source.checked_shard_files("trajectories")
     key = f"filter\0{config_digest(specs)}\0{source.path.resolve()}\0{trajforge_version()}"
     ds = Dataset.create(output, stage="filter", config_hash=hashlib.sha256(key.encode()).hexdigest(),
                         overwrite=overwrite)

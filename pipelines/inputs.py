@@ -6,7 +6,11 @@ Hugging Face hub dataset written `hf:OWNER/NAME[:CONFIG][:SPLIT]`.
 
 `plan_chunks` cuts every input into chunks of N records; each chunk is one unit of work
 named `<short sha of the input>-<chunk index>`, so a re-run maps the same chunk to the
-same unit. `read_chunk` yields the chunk's records with a stable location string
+same unit. For a converter whose records are episodes of step rows (an `episode_key`), the
+inputs are one stream of rows in input order and each chunk is moved to start where an
+episode starts: an episode split over two chunks or two input files belongs whole to the
+chunk it starts in, which reads on past its end (`Chunk.ranges`).
+`read_chunk` yields the chunk's records with a stable location string
 (`file:line` for JSONL, `file#index` for JSON, `file@row` for Parquet and datasets).
 A JSONL line that is not valid JSON is yielded as a `ParseFailure` (it goes to
 quarantine); a missing or unreadable input raises `InputError` (fatal).
@@ -14,6 +18,7 @@ quarantine); a missing or unreadable input raises `InputError` (fatal).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -24,7 +29,7 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import numpy as np
 import orjson
@@ -70,6 +75,9 @@ class Chunk:
     # Byte range of plain JSONL chunks, so a reader seeks instead of scanning.
     byte_start: int = -1
     byte_stop: int = -1
+    # Set when episodes move the chunk's rows: the slices of one or more inputs it reads instead
+    # of [start, stop) (each a Chunk without ranges of its own); empty tuple: a chunk of no rows.
+    ranges: tuple["Chunk", ...] | None = None
 
     @property
     def unit(self) -> str:
@@ -78,6 +86,13 @@ class Chunk:
     @property
     def order(self) -> tuple[int, int]:
         return (self.input_index, self.index)
+
+    @property
+    def rows(self) -> int:
+        """Rows this chunk reads (records, or lines for JSONL)."""
+        if self.ranges is None:
+            return self.stop - self.start
+        return sum(r.stop - r.start for r in self.ranges)
 
 
 def input_key(spec: str) -> str:
@@ -126,8 +141,14 @@ def resolve(spec: str) -> tuple[str, str]:
 # ---- planning -----------------------------------------------------------------------
 
 
-def plan_chunks(inputs: list[str], chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[Chunk]:
-    """Every input's chunks, in input order. Reads each input once, cheaply, to size it."""
+def plan_chunks(
+    inputs: list[str], chunk_size: int = DEFAULT_CHUNK_SIZE, episode_key: Callable[[Any], Any] | None = None
+) -> list[Chunk]:
+    """Every input's chunks, in input order. Reads each input once, cheaply, to size it.
+
+    With `episode_key` (a row -> its episode, see `converters.registry`), chunk starts move
+    to episode starts (`align_to_episodes`).
+    """
     if chunk_size < 1:
         raise InputError(f"chunk size must be >= 1, got {chunk_size}")
     chunks: list[Chunk] = []
@@ -139,7 +160,150 @@ def plan_chunks(inputs: list[str], chunk_size: int = DEFAULT_CHUNK_SIZE) -> list
             raise
         except (OSError, EOFError, ValueError, *_DECODE_ERRORS) as exc:
             raise InputError(f"{spec}: cannot read ({_describe(exc)})") from None
-    return chunks
+    if episode_key is None:
+        return chunks
+    try:
+        return align_to_episodes(chunks, episode_key)
+    except (OSError, EOFError, ValueError, *_DECODE_ERRORS) as exc:
+        raise InputError(f"cannot read the inputs to find episode starts ({_describe(exc)})") from None
+
+
+# ---- episodes across chunks and inputs ------------------------------------------------
+
+# Looking back for the key of the episode a chunk starts in gives up after this many rows
+# without a key (unreadable lines); the chunk then starts a new run there.
+_MAX_LOOKBACK = 1000
+_FORWARD_WINDOW = 256
+
+
+@dataclass(frozen=True, order=True)
+class _Pos:
+    """A row of the input stream: (input position in the plan, row, byte offset for plain JSONL)."""
+
+    input: int
+    row: int
+    byte: int = -1
+
+
+class _Stream:
+    """The plan's inputs as one stream of rows, read at chunk boundaries only."""
+
+    def __init__(self, chunks: list[Chunk]) -> None:
+        self.inputs: list[Chunk] = []  # one whole-input Chunk per input with rows
+        for c in chunks:
+            if not self.inputs or self.inputs[-1].input_index != c.input_index:
+                self.inputs.append(dataclasses.replace(c, index=0, start=0))
+            last = self.inputs[-1]
+            self.inputs[-1] = dataclasses.replace(last, stop=c.stop, byte_stop=c.byte_stop)
+        self._where = {c.input_index: i for i, c in enumerate(self.inputs)}
+
+    def pos(self, chunk: Chunk) -> _Pos:
+        return _Pos(self._where[chunk.input_index], chunk.start, chunk.byte_start)
+
+    @property
+    def end(self) -> _Pos:
+        return _Pos(len(self.inputs), 0)
+
+    def forward(self, pos: _Pos) -> Iterator[tuple[_Pos, Any]]:
+        """(position, row) from `pos` to the end of the stream; blank JSONL lines are None."""
+        for i in range(pos.input, len(self.inputs)):
+            whole = self.inputs[i]
+            row, byte = (pos.row, pos.byte) if i == pos.input else (0, 0)
+            if whole.kind == "jsonl":
+                with open(whole.input, "rb") as fh:
+                    fh.seek(byte)
+                    for number, line in enumerate(fh, row):
+                        yield _Pos(i, number, byte), _parse_row(whole.input, number, line)
+                        byte += len(line)
+                continue
+            for start in range(row, whole.stop, _FORWARD_WINDOW):
+                window = dataclasses.replace(whole, start=start, stop=min(start + _FORWARD_WINDOW, whole.stop))
+                for number, (location, raw) in enumerate(read_chunk(window), start):
+                    if whole.kind.startswith("jsonl-"):  # blank lines are skipped: take the line's number
+                        number = int(location.rsplit(":", 1)[1]) - 1
+                    yield _Pos(i, number), raw
+
+    def backward(self, pos: _Pos) -> Iterator[Any]:
+        """Rows before `pos`, nearest first."""
+        for i in range(pos.input, -1, -1):
+            whole = self.inputs[i]
+            row, byte = (pos.row, pos.byte) if i == pos.input else (whole.stop, whole.byte_stop)
+            if whole.kind == "jsonl":
+                yield from _lines_before(whole.input, byte, row)
+                continue
+            for number in range(row - 1, -1, -1):
+                one = read_chunk(dataclasses.replace(whole, start=number, stop=number + 1))
+                yield next(iter(one), (None, None))[1]  # a blank line reads as None
+
+
+def _parse_row(path: str, number: int, line: bytes) -> Any:
+    if not line or line.isspace():
+        return None
+    return next(_parse_lines(path, number, [line]))[1]
+
+
+def _lines_before(path: str, offset: int, rows: int) -> Iterator[Any]:
+    """The (at most `rows`) lines of a JSONL file that end before byte `offset`, parsed, nearest first."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        end = offset
+        for _ in range(rows):
+            if end <= 0:
+                return
+            start = mm.rfind(b"\n", 0, end - 1) + 1
+            yield _parse_row(path, 0, mm[start:end])
+            end = start
+
+
+def _episode_start(stream: _Stream, pos: _Pos, key_of: Callable[[Any], Any]) -> _Pos:
+    """The first row at or after `pos` that starts an episode (see `group_consecutive`)."""
+    from converters.registry import KEYLESS
+
+    def key(row: Any) -> Any:
+        return KEYLESS if row is None or isinstance(row, ParseFailure) else key_of(row)
+
+    current = KEYLESS
+    for n, row in enumerate(stream.backward(pos)):
+        if n >= _MAX_LOOKBACK:
+            break
+        current = key(row)
+        if current is not KEYLESS:
+            break
+    else:
+        return pos  # the stream starts here: rows without a key lead a run of their own
+    if current is KEYLESS:
+        return pos
+    for at, row in stream.forward(pos):
+        k = key(row)
+        if k is not KEYLESS and k != current:
+            return at
+    return stream.end
+
+
+def align_to_episodes(chunks: list[Chunk], key_of: Callable[[Any], Any]) -> list[Chunk]:
+    """Chunks whose rows are whole episodes: each starts at the first episode start at or after
+    its planned start and reads on to where the next chunk starts, across inputs if need be.
+
+    Only rows near chunk starts are read. The backward look for an episode's key reads a JSON
+    input's rows by index and a plain JSONL file by byte offset (compressed JSONL is re-read
+    from its start per chunk: prefer plain JSONL for big step-per-row inputs).
+    """
+    if not chunks:
+        return chunks
+    stream = _Stream(chunks)
+    starts = [stream.pos(chunks[0])]
+    starts += [max(_episode_start(stream, stream.pos(c), key_of), starts[-1]) for c in chunks[1:]]
+    starts.append(stream.end)
+    out = []
+    for chunk, begin, end in zip(chunks, starts, starts[1:]):
+        ranges = []
+        for i in range(begin.input, min(end.input, len(stream.inputs) - 1) + 1):
+            whole = stream.inputs[i]
+            row, byte = (begin.row, begin.byte) if i == begin.input else (0, 0)
+            stop, byte_stop = (end.row, end.byte) if i == end.input else (whole.stop, whole.byte_stop)
+            if stop > row:
+                ranges.append(dataclasses.replace(whole, start=row, stop=stop, byte_start=byte, byte_stop=byte_stop))
+        out.append(dataclasses.replace(chunk, ranges=tuple(ranges)))
+    return out
 
 
 def _plan_one(spec: str, kind: str, input_index: int, chunk_size: int) -> list[Chunk]:
@@ -163,7 +327,8 @@ def _line_offsets(path: str, every: int) -> tuple[list[int], int]:
 
     Finds newlines with numpy over a memory map of the file, a block at a time: nothing is
     copied into Python bytes and no Python code runs per line, so sizing a multi-GB file
-    costs a fraction of reading it.
+    costs a fraction of reading it. Each block is unmapped from the process once scanned, so
+    the process's resident memory does not grow with the file (the pages stay in the page cache).
     """
     size = os.path.getsize(path)
     if size == 0:
@@ -182,6 +347,9 @@ def _line_offsets(path: str, every: int) -> tuple[list[int], int]:
                 for j in range(every - lines % every - 1, newlines, every):
                     offsets.append(pos + int(ends[j]) + 1)
             lines += newlines
+            if hasattr(mm, "madvise"):  # not on Windows
+                page = pos - pos % mmap.PAGESIZE  # madvise takes whole pages
+                mm.madvise(mmap.MADV_DONTNEED, page, pos + len(block_flags) - page)
         if mm[size - 1] != _NEWLINE:
             lines += 1  # a last line without a newline
         del data, block_flags  # views of the map must go before it closes
@@ -213,6 +381,10 @@ def _count_records(spec: str, kind: str) -> int:
 
 def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
     """(location, raw record) for each record of the chunk; a bad JSONL line yields a ParseFailure."""
+    if chunk.ranges is not None:
+        for part in chunk.ranges:
+            yield from read_chunk(part)
+        return
     kind = chunk.kind
     try:
         if kind == "jsonl":

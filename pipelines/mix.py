@@ -16,6 +16,9 @@ independent of input order and sharding, nested across totals (a larger total ke
 superset), and DuckDB evaluates it while streaming the Parquet shards: nothing is
 materialized in Python beyond one Arrow batch. Counts per source are therefore t_s in
 expectation (binomial spread), not exactly.
+
+Record ids are unique in the output: a record whose id appeared before (inputs in path order,
+then shard order, then row order) is dropped before sampling, and the summary counts them.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from typing import Sequence
 
 import duckdb
 
-from schemas.store import Dataset
+from schemas.store import Dataset, check_apart
 
 HASH_SCALE = float(2**53)
+# A row's position across all inputs: file order * ROW_SPAN + row number within the file.
+ROW_SPAN = 2**32
 
 
 class MixError(Exception):
@@ -55,6 +60,7 @@ class MixSummary:
     written: int = 0
     seconds: float = 0.0
     counts: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0  # records dropped because an earlier one had the same id
 
 
 def source_probabilities(sizes: dict[str, int], weights: dict[str, float], temperature: float) -> dict[str, float]:
@@ -68,8 +74,18 @@ def source_probabilities(sizes: dict[str, int], weights: dict[str, float], tempe
     return {s: m / total for s, m in mass.items()}
 
 
-def _files_sql(files: Sequence[Path]) -> str:
+def _files_sql(files: Sequence[Path | str]) -> str:
     return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
+
+
+def _rows_sql(files: Sequence[str]) -> str:
+    """The rows of `files`, with the file and row number that place each one in input order."""
+    return f"read_parquet({_files_sql(files)}, filename=true, file_row_number=true)"
+
+
+# Rows (`t`) that are the first occurrence of their id (tables `files` and `firsts`).
+_FIRSTS_ONLY = ("FROM {rows} t JOIN files f USING (filename) "
+                f"JOIN firsts k ON k.id = t.id AND k.pos = f.ord * {ROW_SPAN} + t.file_row_number")
 
 
 def run_mix(
@@ -89,12 +105,20 @@ def run_mix(
     if any(w < 0 for w in weights.values()):
         raise MixError("weights must be >= 0")
     datasets = [Dataset.open(p) for p in inputs]
-    files = {str(ds.path.resolve()): ds.shard_files("trajectories") for ds in datasets}
-    all_files = [f for fs in files.values() for f in fs]
-    if not all_files:
+    check_apart(output, inputs)
+    files = {str(ds.path.resolve()): ds.checked_shard_files("trajectories") for ds in datasets}
+    ordered = [str(f) for _, fs in sorted(files.items()) for f in fs]
+    if not ordered:
         raise MixError("the inputs hold no trajectories")
     con = duckdb.connect()
-    sizes = dict(con.sql(f"SELECT source, count(*) FROM read_parquet({_files_sql(all_files)}) GROUP BY source")
+    con.execute("CREATE TEMP TABLE files (filename VARCHAR, ord BIGINT)")
+    con.executemany("INSERT INTO files VALUES (?, ?)", [(f, n) for n, f in enumerate(ordered)])
+    # The first occurrence of every id; later ones are duplicates and never sampled.
+    con.execute(f"CREATE TEMP TABLE firsts AS SELECT t.id, min(f.ord * {ROW_SPAN} + t.file_row_number) AS pos "
+                f"FROM {_rows_sql(ordered)} t JOIN files f USING (filename) GROUP BY t.id")
+    rows_in = con.execute(f"SELECT count(*) FROM {_rows_sql(ordered)}").fetchall()[0][0]
+    duplicates = rows_in - con.execute("SELECT count(*) FROM firsts").fetchall()[0][0]
+    sizes = dict(con.sql(f"SELECT t.source, count(*) {_FIRSTS_ONLY.format(rows=_rows_sql(ordered))} GROUP BY 1")
                  .fetchall())
     unknown = set(weights) - set(sizes)
     if unknown:
@@ -104,7 +128,7 @@ def run_mix(
     mixes = [SourceMix(s, sizes[s], weights.get(s, 1.0), probs[s], min(sizes[s], n_total * probs[s]))
              for s in sorted(sizes)]
     rates = {m.name: (m.target / m.available if m.available else 0.0) for m in mixes}
-    key = f"mix\0{sorted(files)}\0{sorted(weights.items())}\0{temperature}\0{seed}\0{total}"
+    key = f"mix\0{sorted(files)}\0{sorted(weights.items())}\0{temperature}\0{seed}\0{total}\0unique-ids"
     out = Dataset.create(output, stage="mix", config_hash=hashlib.sha256(key.encode()).hexdigest(),
                          overwrite=overwrite)
     out.recover()
@@ -115,7 +139,9 @@ def run_mix(
         if out.is_finished(unit) or not shard_files:
             continue
         query = (
-            f"SELECT t.* FROM read_parquet({_files_sql(shard_files)}) t JOIN rates r USING (source) "
+            f"SELECT t.* EXCLUDE (filename, file_row_number) "
+            f"{_FIRSTS_ONLY.format(rows=_rows_sql([str(f) for f in shard_files]))} "
+            f"JOIN rates r ON r.source = t.source "
             f"WHERE (md5_number_lower('{int(seed)}:' || t.id) >> 11)::DOUBLE / {HASH_SCALE} < r.rate"
         )
         reader = con.sql(query).to_arrow_reader(4096)
@@ -128,6 +154,6 @@ def run_mix(
     for m in mixes:
         m.written = counts.get(f"source:{m.name}", 0)
     written = sum(m.written for m in mixes)
-    out.mark_complete({"written": written, **{f"source:{m.name}": m.written for m in mixes},
+    out.mark_complete({"written": written, "duplicate": duplicates, **{f"source:{m.name}": m.written for m in mixes},
                        **{f"available:{m.name}": m.available for m in mixes}})
-    return MixSummary(str(out.path), mixes, written, time.perf_counter() - started, counts)
+    return MixSummary(str(out.path), mixes, written, time.perf_counter() - started, counts, duplicates)

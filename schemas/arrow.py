@@ -77,6 +77,8 @@ PROVENANCE_TYPE = pa.struct(
         pa.field("parent_ids", pa.list_(pa.string())),
         pa.field("trajforge_version", pa.string()),
         pa.field("created_at", _TIMESTAMP),
+        pa.field("schema_version", pa.string()),
+        pa.field("task_split", pa.string()),
     ]
 )
 
@@ -245,6 +247,8 @@ def provenance_to_row(p: Provenance) -> dict[str, Any]:
         "parent_ids": list(p.parent_ids),
         "trajforge_version": p.trajforge_version,
         "created_at": p.created_at,
+        "schema_version": p.schema_version,
+        "task_split": p.task_split,
     }
 
 

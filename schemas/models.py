@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.0"
+# 1.1: converted records' ids hash with xxh3-128 (1.0: sha256), and provenance names the version.
+SCHEMA_VERSION = "1.1"
 
 Origin = Literal["user", "agent", "environment"]
 StepLabel = Literal["good", "bad", "unknown"]
@@ -170,6 +171,11 @@ class Provenance(_Model):
     parent_ids: list[str] = Field(default_factory=list)
     trajforge_version: str | None = None
     created_at: UtcDatetime | None = None
+    # The interlingua version the record was made under (its id scheme among other rules).
+    schema_version: str | None = SCHEMA_VERSION
+    # The split of the task's benchmark (e.g. tau2's train / test) a generated record ran: no training
+    # on test tasks by accident.
+    task_split: str | None = None
 
 
 class Trajectory(_Model):

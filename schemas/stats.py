@@ -8,6 +8,8 @@ import duckdb
 
 from schemas.store import Dataset
 
+HISTOGRAM_BINS = 20
+
 
 def _files_sql(files: list) -> str:
     return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
@@ -19,9 +21,43 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
+def _step_facts(con: duckdb.DuckDBPyConnection, records: int) -> None:
+    """Tables `facts` (steps per kind, function, label) and `lengths` (trajectories per step count).
+
+    The steps column is most of a dataset's bytes, so it is read once for all step statistics.
+    """
+    con.execute(
+        """CREATE TEMP TABLE facts AS
+           SELECT kind, function, label, n, count(*) AS steps, count(*) FILTER (WHERE i = 0) AS firsts FROM (
+               SELECT len(steps) AS n,
+                      unnest(list_transform(steps, lambda s: s.kind)) AS kind,
+                      unnest(list_transform(steps, lambda s: s.function)) AS function,
+                      unnest(list_transform(steps, lambda s: s.label)) AS label,
+                      unnest(range(len(steps))) AS i
+               FROM t)
+           GROUP BY ALL"""
+    )
+    # A trajectory without steps unnests to nothing: those are the records not counted.
+    con.execute(
+        f"""CREATE TEMP TABLE lengths AS SELECT * FROM (
+                SELECT n, sum(firsts)::BIGINT AS records FROM facts GROUP BY 1
+                UNION ALL SELECT 0, {records} - (SELECT coalesce(sum(firsts), 0) FROM facts)::BIGINT)
+            WHERE records > 0"""
+    )
+
+
+def _histogram(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> list[dict[str, Any]]:
+    """Trajectories per bin of step counts: at most HISTOGRAM_BINS bins of equal width over [lo, hi]."""
+    width = max(1, -(-(hi - lo + 1) // HISTOGRAM_BINS))
+    rows = _rows(con, f"""SELECT {lo} + (n - {lo}) // {width} * {width} AS "from", sum(records)::BIGINT AS records
+                          FROM lengths GROUP BY 1 ORDER BY 1""")
+    return [{"from": r["from"], "to": r["from"] + width - 1, "records": r["records"]} for r in rows]
+
+
 def dataset_stats(ds: Dataset) -> dict[str, Any]:
-    """Counts per source, step percentiles, step kinds, tools used, rewards, labels, quarantine reasons."""
+    """Counts per source and method, steps (percentiles, histogram), step kinds, tools, rewards, labels, reasons."""
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # long scans would draw a bar on stdout
     trajectories = ds.checked_shard_files("trajectories")
     quarantine = ds.checked_shard_files("quarantine")
     filtered = ds.checked_shard_files("filtered")
@@ -32,7 +68,9 @@ def dataset_stats(ds: Dataset) -> dict[str, Any]:
         "quarantined": ds.count("quarantine"),
         "filtered": ds.count("filtered"),
         "sources": [],
+        "methods": [],
         "steps_per_trajectory": {},
+        "steps_histogram": [],
         "step_kinds": [],
         "tools_used": [],
         "labels": [],
@@ -44,21 +82,26 @@ def dataset_stats(ds: Dataset) -> dict[str, Any]:
     if trajectories:
         con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet({_files_sql(trajectories)})")
         result["sources"] = _rows(con, "SELECT source, count(*) AS records FROM t GROUP BY 1 ORDER BY 2 DESC, 1")
+        result["methods"] = _rows(
+            con, "SELECT coalesce(provenance.method, '-') AS method, count(*) AS records FROM t GROUP BY 1 ORDER BY 2 DESC, 1"
+        )
+        _step_facts(con, result["records"])
         steps = _rows(
             con,
             """SELECT min(n) AS min, quantile_cont(n, 0.5) AS p50, quantile_cont(n, 0.9) AS p90,
                       quantile_cont(n, 0.99) AS p99, max(n) AS max, avg(n) AS mean
-               FROM (SELECT len(steps) AS n FROM t)""",
+               FROM (SELECT n FROM lengths, range(lengths.records))""",
         )[0]
         result["steps_per_trajectory"] = {k: (round(v, 2) if v is not None else None) for k, v in steps.items()}
-        con.execute("CREATE VIEW s AS SELECT unnest(steps) AS step FROM t")
-        result["step_kinds"] = _rows(con, "SELECT step.kind AS kind, count(*) AS steps FROM s GROUP BY 1 ORDER BY 2 DESC, 1")
+        if steps["max"] is not None:
+            result["steps_histogram"] = _histogram(con, int(steps["min"]), int(steps["max"]))
+        result["step_kinds"] = _rows(con, "SELECT kind, sum(steps) AS steps FROM facts GROUP BY 1 ORDER BY 2 DESC, 1")
         result["tools_used"] = _rows(
             con,
-            """SELECT step.function AS function, count(*) AS calls FROM s WHERE step.kind = 'api'
+            """SELECT function, sum(steps) AS calls FROM facts WHERE kind = 'api'
                GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 50""",
         )
-        result["labels"] = _rows(con, "SELECT step.label AS label, count(*) AS steps FROM s GROUP BY 1 ORDER BY 2 DESC, 1")
+        result["labels"] = _rows(con, "SELECT label, sum(steps) AS steps FROM facts GROUP BY 1 ORDER BY 2 DESC, 1")
         result["outcomes"] = _rows(
             con, "SELECT coalesce(CAST(success AS VARCHAR), 'unknown') AS success, count(*) AS records FROM t GROUP BY 1 ORDER BY 1"
         )

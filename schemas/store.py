@@ -16,7 +16,7 @@ import os
 import uuid
 from collections import Counter
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Iterator
 
 import orjson
@@ -30,6 +30,7 @@ MANIFEST = "_manifest.json"
 TABLES = tuple(TABLE_SCHEMAS)
 FORMAT = "trajforge-dataset"
 TEMP_PREFIX = ".tmp-"
+LOCK_FILE = ".manifest.lock"
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 # Rows buffered before they become one Parquet row group.
@@ -65,6 +66,54 @@ def _new_manifest(config_hash: str | None, stage: str | None) -> dict[str, Any]:
         "units": {},
         "counts": {},
     }
+
+
+def _shard_path_problem(file: str) -> str | None:
+    """Why a manifest's shard path could name a file outside its dataset directory (None if it cannot):
+    it must be TABLE/NAME, relative, without '..'."""
+    parts = PurePosixPath(file).parts
+    if file.startswith("/") or "\\" in file or "\x00" in file:
+        return "is not a relative path"
+    if ".." in parts:
+        return "climbs out of the dataset with '..'"
+    if len(parts) != 2 or parts[0] not in TABLES:
+        return f"is not of the form TABLE/NAME (tables: {', '.join(TABLES)})"
+    return None
+
+
+def _resolve(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        raise StoreError(f"{path}: cannot resolve the path ({exc})") from None
+
+
+def check_apart(output: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]]) -> None:
+    """Refuse an output directory that is an input, lies inside one or contains one (links
+    resolved), before anything is written: writing it would destroy or re-read the input."""
+    out = _resolve(Path(output))
+    for given in inputs:
+        src = _resolve(Path(given))
+        if out == src:
+            raise StoreError(f"{output}: the output is the input {given}; write to another directory")
+        if src in out.parents:
+            raise StoreError(f"{output}: the output lies inside the input {given}; write to a directory outside it")
+        if out in src.parents:
+            raise StoreError(f"{output}: the output contains the input {given}; write to a directory apart from it")
+
+
+def _foreign_entries(path: Path) -> list[str]:
+    """What a directory without a manifest holds that trajforge did not put there itself (the
+    table folders, lock and temp files a killed `create` may leave are trajforge's)."""
+    found = []
+    for entry in sorted(path.iterdir()):
+        if entry.name == LOCK_FILE or entry.name.startswith(TEMP_PREFIX):
+            continue
+        if (entry.name in TABLES and entry.is_dir() and not entry.is_symlink()
+                and all(child.name.startswith(TEMP_PREFIX) for child in entry.iterdir())):
+            continue
+        found.append(entry.name)
+    return found
 
 
 def _unit_entry_ok(unit: Any) -> bool:
@@ -106,27 +155,39 @@ class Dataset:
         """Open a stage's output for writing, creating it if needed.
 
         An existing output written with another config hash is refused (its finished units
-        would not match this run) unless `overwrite`, which starts it afresh.
+        would not match this run) unless `overwrite`, which starts it afresh: it removes the
+        shards the old manifest lists and trajforge's temp files, nothing else. A non-empty
+        directory without a trajforge manifest is refused, with or without `overwrite`.
         """
         ds = cls(Path(path))
-        ds.path.mkdir(parents=True, exist_ok=True)
-        for table in TABLES:
-            (ds.path / table).mkdir(exist_ok=True)
-        with ds._locked():
-            if ds.manifest_path.exists() and not overwrite:
-                manifest = ds._read_manifest()
-                if config_hash and manifest.get("config_hash") not in (None, config_hash):
-                    raise StoreError(
-                        f"{ds.manifest_path}: written with config hash {manifest['config_hash']}, "
-                        f"this run has {config_hash}; use another output directory or overwrite it"
-                    )
-                if config_hash and manifest.get("config_hash") is None:
-                    manifest["config_hash"] = config_hash
-                    ds._write_manifest(manifest)
-            else:
-                if overwrite:
-                    ds._remove_all_shards()
-                ds._write_manifest(_new_manifest(config_hash, stage))
+        try:
+            if ds.path.is_symlink() or ds.path.exists():
+                if not ds.path.is_dir():
+                    raise StoreError(f"{ds.path}: exists and is not a directory; choose a directory for the output")
+                if not ds.manifest_path.exists() and (foreign := _foreign_entries(ds.path)):
+                    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+                    raise StoreError(f"{ds.path}: not empty ({shown}) and not a trajforge dataset (no {MANIFEST}); "
+                                     "refusing to write into it: choose a new or empty directory")
+            ds.path.mkdir(parents=True, exist_ok=True)
+            for table in TABLES:
+                (ds.path / table).mkdir(exist_ok=True)
+            with ds._locked():
+                if ds.manifest_path.exists() and not overwrite:
+                    manifest = ds._read_manifest()
+                    if config_hash and manifest.get("config_hash") not in (None, config_hash):
+                        raise StoreError(
+                            f"{ds.manifest_path}: written with config hash {manifest['config_hash']}, "
+                            f"this run has {config_hash}; use another output directory or overwrite it"
+                        )
+                    if config_hash and manifest.get("config_hash") is None:
+                        manifest["config_hash"] = config_hash
+                        ds._write_manifest(manifest)
+                else:
+                    if overwrite and ds.manifest_path.exists():
+                        ds._remove_listed_shards()
+                    ds._write_manifest(_new_manifest(config_hash, stage))
+        except OSError as exc:
+            raise StoreError(f"{ds.path}: cannot write the output directory ({exc.strerror or exc})") from None
         return ds
 
     # ---- manifest ----------------------------------------------------------------
@@ -135,7 +196,7 @@ class Dataset:
     def _locked(self) -> Iterator[None]:
         # One lock file serialises manifest updates from concurrent writers (threads, processes).
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".manifest.lock", "a+") as fh:
+        with open(self.path / LOCK_FILE, "a+") as fh:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -167,6 +228,11 @@ class Dataset:
         for name, unit in manifest["units"].items():
             if not _unit_entry_ok(unit):
                 raise StoreError(f"{self.manifest_path}: unit {name!r} is malformed (needs tables of shard entries)")
+            for entries in unit["tables"].values():
+                for entry in entries:
+                    if (problem := _shard_path_problem(entry["file"])) is not None:
+                        raise StoreError(f"{self.manifest_path}: unit {name!r} lists the shard {entry['file']!r}, "
+                                         f"which {problem}; shards must lie inside the dataset directory")
         return manifest
 
     def _write_manifest(self, manifest: dict[str, Any]) -> None:
@@ -230,16 +296,19 @@ class Dataset:
             self._write_manifest(manifest)
 
     def recover(self) -> list[Path]:
-        """Remove leftovers of killed writers: temp files and shards no finished unit lists."""
-        listed = {entry["file"] for unit in self.finished_units().values() for es in unit["tables"].values() for entry in es}
+        """Remove leftovers of killed writers: files trajforge names as temporary, and only those.
+
+        A shard renamed into place by a writer killed before its manifest update stays (unlisted,
+        so never read; a re-run of its unit writes the same name again): a file under a name
+        trajforge does not mark temporary may be someone's own.
+        """
         removed = []
         for table in TABLES:
             folder = self.path / table
-            if not folder.is_dir():
+            if not folder.is_dir() or folder.is_symlink():
                 continue
             for file in folder.iterdir():
-                rel = f"{table}/{file.name}"
-                if file.name.startswith(TEMP_PREFIX) or (file.suffix == ".parquet" and rel not in listed):
+                if file.name.startswith(TEMP_PREFIX) and file.is_file():
                     file.unlink()
                     removed.append(file)
         # A writer killed while replacing the manifest leaves its temp copy beside it.
@@ -248,23 +317,37 @@ class Dataset:
             removed.append(file)
         return removed
 
-    def _remove_all_shards(self) -> None:
-        for table in TABLES:
-            folder = self.path / table
-            for file in folder.glob("*.parquet"):
-                file.unlink()
-            for file in folder.glob(f"{TEMP_PREFIX}*"):
-                file.unlink()
+    def _remove_listed_shards(self) -> None:
+        """For `overwrite`: the old manifest's shards and trajforge's temp files, nothing else."""
+        try:
+            manifest = orjson.loads(self.manifest_path.read_bytes())
+        except orjson.JSONDecodeError:
+            raise StoreError(f"{self.manifest_path}: manifest is not JSON; not overwriting what it may not describe "
+                             "(remove the directory yourself to start afresh)") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise StoreError(f"{self.manifest_path}: not a trajforge manifest; not overwriting a foreign directory")
+        for unit in (manifest.get("units") or {}).values():
+            for entries in (unit.get("tables") or {}).values() if _unit_entry_ok(unit) else ():
+                for entry in entries:
+                    if _shard_path_problem(entry["file"]) is None:
+                        with contextlib.suppress(FileNotFoundError):
+                            (self.path / entry["file"]).unlink()
+        self.recover()
 
     # ---- reading -----------------------------------------------------------------
 
     def shard_files(self, table: str = "trajectories") -> list[Path]:
+        """The listed shards of `table`; each must resolve (links followed) inside the dataset directory."""
         _check_table(table)
         files = [
             self.path / entry["file"]
             for unit in self.finished_units().values()
             for entry in unit["tables"].get(table, [])
         ]
+        root = _resolve(self.path)
+        for file in files:
+            if root not in _resolve(file).parents:
+                raise StoreError(f"{file}: the shard links to {_resolve(file)}, outside the dataset directory")
         return sorted(files)
 
     def checked_shard_files(self, table: str = "trajectories") -> list[Path]:
@@ -275,9 +358,8 @@ class Dataset:
         return files
 
     def count(self, table: str = "trajectories") -> int:
-        return sum(
-            entry["rows"] for unit in self.finished_units().values() for entry in unit["tables"].get(table, [])
-        )
+        """Rows of `table`, from the shards' own footers (not the manifest's word for it)."""
+        return sum(_open_parquet(file).metadata.num_rows for file in self.shard_files(table))
 
     def iter_batches(
         self, table: str = "trajectories", *, columns: list[str] | None = None, batch_size: int = 4096

@@ -2,10 +2,11 @@
 
 YAML front matter declares one `default` config whose `train` split is `data/train-*`, so
 `datasets.load_dataset(OUT)` finds the shards. Record counts, the source mix, steps per
-trajectory and provenance come from the streaming export itself; token and message statistics
-are DuckDB aggregates over the exported shards (approximate tokens: the regex in `tokens`);
-step, reward and label distributions are DuckDB aggregates over the source trajectories that
-were exported, and filter reasons come from the source dataset's manifest.
+trajectory, rewards, step labels and provenance are counted by the streaming export itself over
+the trajectories behind the exported rows (both sides of a pair), and token and message
+statistics over the rows as they are written (`lengths`: approximate tokens, characters / 4;
+exact for `tokenized`); filter reasons come from the source dataset's manifest. The training section
+(`guide`) gives the trainer settings the export is correct under.
 
 Everything the card shows is first gathered into `card.json` (aggregates only, small at any
 size); README.md and `plots/*.png` are renderings of it, so `regenerate_card(OUT)`
@@ -18,11 +19,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import yaml
 
 from converters.export import plots
-from converters.export.tokens import PATTERN
+from converters.export.guide import training_section
+from converters.export.lengths import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     from converters.export.formats import Format
@@ -31,137 +32,10 @@ if TYPE_CHECKING:
 CARD_DATA = "card.json"
 PLOTS_DIR = "plots"
 TOKEN_BINS = 20
-ACTION_KINDS = ("api", "code", "message")
-
-# Conversation-valued columns to measure, per format (Parquet exports).
-_COLUMNS = {
-    "trl-sft": {"messages": ["messages"], "prompt-completion": ["prompt", "completion"]},
-    "trl-dpo": ["prompt", "chosen", "rejected"],
-    "trl-kto": ["prompt", "completion"],
-    "sharegpt": ["conversations"],
-    "openai": ["messages"],
-}
 
 
 class CardError(Exception):
     """An export directory whose card cannot be rebuilt; the message is one line."""
-
-
-def _sql_str(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _paths(files: list[Path]) -> str:
-    return "[" + ", ".join(_sql_str(str(p)) for p in files) + "]"
-
-
-def _text_expr(fmt: str, column: str) -> str:
-    """SQL: the text of one conversation column (contents + tool-call names and arguments)."""
-    if fmt == "openai":
-        return (f"concat_ws(' ', array_to_string(json_extract_string({column}, '$[*].content'), ' '), "
-                f"array_to_string(json_extract_string({column}, '$[*].tool_calls[*].function.name'), ' '), "
-                f"array_to_string(json_extract_string({column}, '$[*].tool_calls[*].function.arguments'), ' '))")
-    if fmt == "sharegpt":
-        return f"array_to_string(list_transform({column}, lambda m: m.value), ' ')"
-    return (f"array_to_string(list_transform({column}, lambda m: concat_ws(' ', m.content, "
-            f"array_to_string(list_transform(m.tool_calls, lambda c: c.function.name || ' ' || c.function.arguments), ' '))), ' ')")
-
-
-def _tokens_expr(fmt: str, column: str) -> str:
-    return f"len(regexp_extract_all(coalesce({_text_expr(fmt, column)}, ''), {_sql_str(PATTERN)}))"
-
-
-def _length_expr(fmt: str, column: str) -> str:
-    return f"json_array_length({column})" if fmt == "openai" else f"len({column})"
-
-
-def _relation(fmt: "Format", files: list[Path]) -> str:
-    if fmt.file_type == "jsonl":
-        return f"read_json({_paths(files)}, format='newline_delimited', columns={{'messages': 'JSON'}})"
-    return f"read_parquet({_paths(files)})"
-
-
-def token_stats(fmt: "Format", files: list[Path], columns: list[str]) -> list[dict[str, Any]]:
-    """Per column: rows, messages per row (mean), approx tokens per row (mean, p50, p95, max, total)."""
-    rel = _relation(fmt, files)
-    out = []
-    con = duckdb.connect()
-    try:
-        for column in columns:
-            query = (f"SELECT count(*), avg({_length_expr(fmt.name, column)}), avg(t), quantile_disc(t, 0.5), "
-                     f"quantile_disc(t, 0.95), max(t), sum(t) FROM (SELECT {column}, {_tokens_expr(fmt.name, column)} "
-                     f"AS t FROM {rel})")
-            n, msgs, mean, p50, p95, mx, total = con.execute(query).fetchone()
-            out.append({"column": column, "rows": n, "messages_mean": msgs, "tokens_mean": mean,
-                        "tokens_p50": p50, "tokens_p95": p95, "tokens_max": mx, "tokens_total": total})
-    finally:
-        con.close()
-    return out
-
-
-def token_histogram(fmt: "Format", files: list[Path], columns: list[str], bins: int = TOKEN_BINS) -> dict[str, list]:
-    """Approximate tokens per row (all conversation columns together), as equal-width bins."""
-    total = " + ".join(_tokens_expr(fmt.name, c) for c in columns)
-    con = duckdb.connect()
-    try:
-        con.execute(f"CREATE TEMP TABLE t AS SELECT {total} AS t FROM {_relation(fmt, files)}")
-        lo, hi = con.execute("SELECT min(t), max(t) FROM t").fetchone()
-        if lo is None:
-            return {"edges": [], "counts": []}
-        width = max(1.0, (hi - lo + 1) / bins)
-        rows = con.execute(f"SELECT least(floor((t - {lo}) / {width})::INT, {bins - 1}) AS b, count(*) FROM t "
-                           "GROUP BY b").fetchall()
-    finally:
-        con.close()
-    counts = [0] * bins
-    for b, n in rows:
-        counts[b] += n
-    last = max(b for b, n in enumerate(counts) if n) + 1  # drop empty bins at the top
-    return {"edges": [lo + i * width for i in range(last + 1)], "counts": counts[:last]}
-
-
-def _exported_ids(fmt: "Format", files: list[Path]) -> str | None:
-    """SQL: the ids of the source trajectories behind the exported rows (None: not recorded)."""
-    if fmt.file_type != "parquet" or not files:
-        return None
-    rel = f"read_parquet({_paths(files)})"
-    if fmt.table == "pairs":
-        return f"SELECT chosen_id AS id FROM {rel} UNION SELECT rejected_id FROM {rel}"
-    return f"SELECT DISTINCT id FROM {rel}"
-
-
-def source_distributions(fmt: "Format", files: list[Path], source: Path) -> dict[str, dict[str, int]]:
-    """Steps per trajectory, rewards and step labels of the exported source trajectories."""
-    from schemas.store import Dataset
-
-    trajectories = Dataset.open(source).shard_files("trajectories")
-    if not trajectories:
-        return {}
-    ids = _exported_ids(fmt, files)
-    where = f"WHERE id IN ({ids})" if ids else ""
-    con = duckdb.connect()
-    try:
-        con.execute(f"CREATE TEMP VIEW t AS SELECT * FROM read_parquet({_paths(trajectories)}) {where}")
-        steps = con.execute("SELECT len(steps) n, count(*) FROM t GROUP BY n ORDER BY n").fetchall()
-        rewards = con.execute("SELECT round(reward, 2) r, count(*) FROM t WHERE reward IS NOT NULL "
-                              "GROUP BY r ORDER BY r").fetchall()
-        kinds = ", ".join(_sql_str(k) for k in ACTION_KINDS)
-        labels = con.execute(f"SELECT coalesce(s.label, 'unknown') l, count(*) FROM (SELECT unnest(steps) s FROM t) "
-                             f"WHERE s.kind IN ({kinds}) GROUP BY l ORDER BY l").fetchall()
-    finally:
-        con.close()
-    return {"steps": {str(n): c for n, c in steps}, "rewards": {f"{r:g}": c for r, c in rewards},
-            "step_labels": {str(label): c for label, c in labels}}
-
-
-def kto_labels(files: list[Path]) -> dict[str, int]:
-    con = duckdb.connect()
-    try:
-        rows = con.execute(f"SELECT label, count(*) FROM read_parquet({_paths(files)}) GROUP BY label "
-                           "ORDER BY label DESC").fetchall()
-    finally:
-        con.close()
-    return {("desirable" if label else "undesirable"): n for label, n in rows}
 
 
 def filter_reasons(source: Path) -> dict[str, int]:
@@ -184,43 +58,43 @@ def front_matter(fmt_name: str) -> dict[str, Any]:
     }
 
 
-def columns_for(fmt: "Format", report: "ExportReport") -> list[str]:
-    cols = _COLUMNS[fmt.name]
-    return cols[report.sft_layout or "messages"] if isinstance(cols, dict) else cols
-
-
 def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files: list[Path],
               source: Path | None = None) -> dict[str, Any]:
     """Everything the card shows, as JSON-ready aggregates."""
-    columns = columns_for(fmt, report)
     dists: dict[str, Any] = {}
     if report.rows:
-        dists["tokens"] = token_histogram(fmt, files, columns)
+        dists["tokens"] = report.row_lengths.equal_width(TOKEN_BINS)
         if fmt.name == "trl-kto":
-            dists["kto_labels"] = kto_labels(files)
+            dists["kto_labels"] = {("desirable" if label else "undesirable"): n
+                                   for label, n in sorted(report.kto_labels.items(), reverse=True)}
+    if report.rows:
+        dists["steps"] = {str(n): c for n, c in sorted(report.steps.items())}
+        dists["rewards"] = {f"{r:g}": c for r, c in sorted(report.rewards.items())}
+        dists["step_labels"] = dict(sorted(report.step_labels.items()))
     if source is not None:
-        if report.rows:
-            dists.update(source_distributions(fmt, files, source))
         dists["filter_reasons"] = filter_reasons(source)
     return {
         "format": fmt.name,
         "description": fmt.description,
         "sft_layout": report.sft_layout,
+        "tokenizer": report.tokenizer,
         "source": str(source) if source is not None else None,
         "counts": {"records_in": report.records_in, "records_exported": report.records_exported,
                    "rows": report.rows, "shards": len(files), "skipped": dict(sorted(report.skipped.items()))},
+        "notes": dict(sorted(report.notes.items())),
         "sources": {src: {"records": report.records_by_source[src], "rows": rows}
                     for src, rows in sorted(report.rows_by_source.items())},
         "steps_by_source": {src: {"count": s.count, "mean": s.mean, "min": s.min, "max": s.max}
                             for src, s in sorted(report.steps_by_source.items())},
-        "token_stats": token_stats(fmt, files, columns) if report.rows else [],
+        "token_stats": [stats.summary(column) for column, stats in report.lengths.items()] if report.rows else [],
         "provenance": [[*key, n] for key, n in report.provenance.most_common(20)],
         "settings": {
             "format": cfg.format, "seed": cfg.seed,
             "mix": ", ".join(f"{k}={v:g}" for k, v in cfg.mix.items()) if cfg.mix else "(all sources, weight 1)",
             "reasoning": "kept (reasoning_content)" if report.reasoning else "dropped",
             "web_max_chars": cfg.web_max_chars, "shard_rows": cfg.shard_rows,
-            "kto_mode": cfg.kto_mode if fmt.name == "trl-kto" else "-",
+            "kto_mode": report.kto_mode or "-", "dpo_level": report.dpo_level or "-",
+            "failed trajectories": ("included" if report.include_failed else "left out") if fmt.supervised else "-",
         },
         "distributions": dists,
     }
@@ -253,16 +127,17 @@ def draw_plots(out: Path, data: dict[str, Any]) -> list[tuple[str, str]]:
         old.unlink()
     specs = [
         ("Steps per exported trajectory", "steps.png",
-         lambda p: plots.bar_chart(d.get("steps", {}), p, "Steps per exported trajectory", "steps", "trajectories")),
-        ("Approximate tokens per row", "tokens.png",
+         lambda p: plots.value_chart(d.get("steps", {}), p, "Steps per exported trajectory", "steps", "trajectories")),
+        ("Tokens per row", "tokens.png",
          lambda p: plots.histogram(d.get("tokens", {}).get("edges", []), d.get("tokens", {}).get("counts", []), p,
-                                   "Approximate tokens per row", "tokens (regex word pieces)")),
+                                   "Tokens per row", "tokens" if data["format"] == "tokenized"
+                                   else f"approximate tokens (characters / {CHARS_PER_TOKEN})")),
         ("Source mix (rows)", "sources.png",
          lambda p: plots.bar_chart({s: v["rows"] for s, v in data["sources"].items()}, p, "Source mix", "source",
                                    "rows", horizontal=len(data["sources"]) > 6)),
         ("Reward distribution", "rewards.png",
-         lambda p: plots.bar_chart(d.get("rewards", {}), p, "Reward of exported trajectories", "reward",
-                                   "trajectories")),
+         lambda p: plots.value_chart(d.get("rewards", {}), p, "Reward of exported trajectories", "reward",
+                                     "trajectories")),
         ("Step labels", "step_labels.png",
          lambda p: plots.bar_chart(d.get("step_labels", {}), p, "Labels of agent steps", "label", "steps")),
         ("KTO labels", "kto_labels.png",
@@ -302,14 +177,14 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
         _table(["source", "trajectories", "mean", "min", "max"], [
             [src, s["count"], s["mean"], s["min"], s["max"]] for src, s in data["steps_by_source"].items()
         ]), "",
-        "## Length (approximate tokens)", "",
-        "Token counts are **approximate**: regex word pieces (`\\w+|[^\\w\\s]`), computed with DuckDB over "
-        "the exported shards; real tokenizers differ.", "",
-        _table(["column", "rows", "messages/row", "tokens mean", "p50", "p95", "max", "total"], [
+        *_length_heading(data["format"]),
+        _table(["column", "rows", "trained tokens/row" if data["format"] == "tokenized" else "messages/row",
+                "tokens mean", "p50", "p95", "max", "total"], [
             [s["column"], s["rows"], s["messages_mean"], s["tokens_mean"], s["tokens_p50"], s["tokens_p95"],
              s["tokens_max"], s["tokens_total"]] for s in data["token_stats"]
         ]), "",
     ]
+    parts += training_section(data)
     if reasons:
         parts += ["## Filtered upstream", "", "Records the source dataset's filter or dedup stage dropped "
                   "(from its manifest).", "", _table(["filter: reason", "records"], [[k, n] for k, n in reasons.items()]), ""]
@@ -323,6 +198,15 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
         _table(["setting", "value"], [[k, v] for k, v in data["settings"].items()]), "",
     ]
     return "\n".join(parts)
+
+
+def _length_heading(fmt: str) -> list[str]:
+    if fmt == "tokenized":
+        return ["## Length (tokens)", "", "Exact token counts of the exported `input_ids`.", ""]
+    return ["## Length (approximate tokens)", "",
+            f"Token counts are **approximate**: characters / {CHARS_PER_TOKEN} (contents, reasoning, tool-call names "
+            "and arguments), measured on the rows as they are written; real tokenizers differ, code and "
+            "non-English text give more. `--format tokenized` counts exactly.", ""]
 
 
 def render_all(out: Path, data: dict[str, Any]) -> Path:

@@ -1,14 +1,24 @@
 """`trl-dpo`: TRL DPOTrainer rows `{"prompt", "chosen", "rejected"}`, conversational, from pairs.
 
-`prompt` = the shared prefix: the chosen trajectory's first `prefix_len` steps, rendered;
-`chosen` / `rejected` = each trajectory's steps from `prefix_len` on, rendered in the context of
-the prefix (so a tool result at the start of a continuation answers the prefix's call). Both
-are rendered with a forced message break at `prefix_len`, so no message straddles the split.
+A pair names two trajectories that share their first `prefix_len` steps. Both are rendered whole
+(no split inside a message, so no tool call is left without its answer by the cut); the *fork*
+is the first message that holds step `prefix_len` or a later one. `prompt` = the messages before
+the fork, which must render identically for both (else "prefix mismatch"), plus any messages at
+the fork before the next assistant message when both trajectories have the same ones there.
 
-Skipped (with the reason): the prefixes render differently ("prefix mismatch": the pair does
-not really share `prefix_len` steps), an empty prompt or continuation, a continuation with a
-masked step (DPO has no per-token mask, and a masked step must never be trained), or a missing
-trajectory (reported by the driver). `tools` comes from the chosen trajectory.
+- `step` level (default): `chosen` / `rejected` = the next assistant message of each, nothing
+  else. DPO has no per-token mask, so this is the only layout in which the preference is learned
+  on the agent's own tokens alone.
+- `trajectory` level: `chosen` / `rejected` = each continuation through its last assistant
+  message (trailing observations cut). Tool results and user turns between the assistant
+  messages are part of both sequences and so of the preference; the card says so.
+
+Skipped (with the reason): a prefix mismatch, an empty prompt, a continuation without an
+assistant message, trajectories that differ before the next assistant message (step level:
+the fork is an observation, not a choice of the agent), identical chosen and rejected messages,
+a masked step among the compared messages (a masked step is never trained), or a missing
+trajectory (reported by the driver). `tools` comes from the chosen trajectory; `level` is the
+pair's own level as stored.
 """
 
 from __future__ import annotations
@@ -16,30 +26,51 @@ from __future__ import annotations
 from typing import Any
 
 from converters.export.options import FormatOptions
-from converters.export.render import Unrenderable, messages, render, split_at
-from converters.export.sft import tools_json
-from schemas.models import Pair, Trajectory
+from converters.export.records import PairRef, Record
+from converters.export.render import Conversation, Unrenderable
 
 
-def _continuation_masked(traj: Trajectory, start: int) -> bool:
-    return any(not s.train for s in traj.steps[start:])
+def fork_position(conv: Conversation, step: int) -> int:
+    """The first message (after a hoisted system message) that holds step `step` or a later one."""
+    for k in range(len(conv)):
+        steps = conv.steps(k)
+        if steps and steps[-1] >= step:
+            return k
+    return len(conv)
 
 
-def dpo_rows(pair: Pair, chosen: Trajectory, rejected: Trajectory, opts: FormatOptions) -> list[dict[str, Any]]:
-    k = pair.prefix_len
-    c_prompt, c_rest = split_at(render(chosen, opts.render, breaks=[k]), k)
-    r_prompt, r_rest = split_at(render(rejected, opts.render, breaks=[k]), k)
-    prompt = messages(c_prompt)
-    if prompt != messages(r_prompt):
+def _leading_observations(conv: Conversation) -> int:
+    positions = conv.assistant_positions()
+    return positions[0] if positions else len(conv)
+
+
+def _masked(conv: Conversation, record: Record) -> bool:
+    """Whether any step behind these messages is loss-masked (DPO trains every token it compares)."""
+    return any(record.step("train", j) is False for k in range(len(conv)) for j in conv.steps(k))
+
+
+def dpo_rows(pair: PairRef, chosen: Record, rejected: Record, opts: FormatOptions) -> list[dict[str, Any]]:
+    c, r = chosen.render(opts.render), rejected.render(opts.render)
+    fc, fr = fork_position(c, pair.prefix_len), fork_position(r, pair.prefix_len)
+    prompt = c[:fc]
+    if prompt.keys() != r[:fr].keys():
         raise Unrenderable("prefix mismatch")
-    if not prompt:
+    if not len(prompt):
         raise Unrenderable("empty prompt")
-    if not c_rest or not r_rest:
-        raise Unrenderable("empty continuation")
-    if not any(t.is_assistant for t in c_rest) or not any(t.is_assistant for t in r_rest):
+    c_rest, r_rest = c[fc:].through_last_assistant(), r[fr:].through_last_assistant()
+    if not len(c_rest) or not len(r_rest):
         raise Unrenderable("continuation has no assistant turn")
-    if _continuation_masked(chosen, k) or _continuation_masked(rejected, k):
-        raise Unrenderable("masked step in a continuation")
+    lc, lr = _leading_observations(c_rest), _leading_observations(r_rest)
+    if c_rest[:lc].keys() == r_rest[:lr].keys():
+        prompt, c_rest, r_rest = prompt + c_rest[:lc], c_rest[lc:], r_rest[lr:]
+    elif opts.dpo_level == "step":
+        raise Unrenderable("trajectories differ before the next assistant turn")
+    if opts.dpo_level == "step":
+        c_rest, r_rest = c_rest[:1], r_rest[:1]
+        if c_rest.keys() == r_rest.keys():
+            raise Unrenderable("chosen and rejected turns are identical")
+    if _masked(c_rest, chosen) or _masked(r_rest, rejected):
+        raise Unrenderable("masked step in a compared turn")
     return [{
         "id": pair.id,
         "source": pair.source,
@@ -47,7 +78,7 @@ def dpo_rows(pair: Pair, chosen: Trajectory, rejected: Trajectory, opts: FormatO
         "chosen_id": chosen.id,
         "rejected_id": rejected.id,
         "prompt": prompt,
-        "chosen": messages(c_rest),
-        "rejected": messages(r_rest),
-        "tools": tools_json(chosen),
+        "chosen": c_rest,
+        "rejected": r_rest,
+        "tools": chosen.tools_json(),
     }]

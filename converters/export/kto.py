@@ -1,19 +1,21 @@
 """`trl-kto`: TRL KTOTrainer rows `{"prompt", "completion", "label": bool}`, conversational.
 
-Two kinds of example (`kto_mode`):
+KTO, like DPO, has no per-token mask: every completion token carries the label. So by default a
+completion is one assistant message, rendered in place (the trajectory is rendered whole; no tool
+call is cut from its answer), and `prompt` is every message before it.
 
-- `steps`: one example per labeled assistant step (label "good" or "bad"): `prompt` = every
-  turn before the step, `completion` = the step's assistant message (rendered with breaks
-  around it so it stands alone), `label` = (label == "good"). Masked labeled steps
-  (`train = false`) give no example: a masked step is never trained.
-- `trajectory`: one example per trajectory with a known `success`: `prompt` = the turns before
-  the first trainable assistant turn after the last masked one (the task, plus any masked
-  prefix; trainable turns before a masked one become context too, since a KTO completion has
-  no per-token mask), `completion` = the rest up to the last assistant turn, `label` = success.
-- `auto` (default): `steps` for trajectories with at least one good/bad step label, else
-  `trajectory`.
+- `steps`: one row per trainable assistant message whose steps carry a good/bad label
+  (`label` = good). Parallel calls share a message; when their labels disagree the message gives
+  no row. Masked steps (`train = false`) give no row: a masked step is never trained.
+- `turns`: one row per trainable assistant message, labelled with the trajectory's `success`
+  (outcome supervision for trajectories without step labels); `success = null` -> skipped.
+- `trajectory`: one row per trajectory with a known `success`: `prompt` = the messages before
+  the first trainable assistant message after the last masked one (the task, plus any masked
+  prefix), `completion` = the rest through the last assistant message. Tool results and user
+  turns inside it carry the label too; the card says so.
+- `auto` (default): `steps` for trajectories with at least one good/bad step label, else `turns`.
 
-`step` is the labeled step's index (-1 for trajectory examples).
+`step` is the first step of the completion's message (-1 for trajectory rows).
 """
 
 from __future__ import annotations
@@ -21,57 +23,64 @@ from __future__ import annotations
 from typing import Any
 
 from converters.export.options import FormatOptions
-from converters.export.render import Turn, Unrenderable, last_assistant, messages, render, split_at
-from converters.export.sft import tools_json
-from schemas.models import Trajectory
-
-_ACTIONS = ("api", "code", "message")
+from converters.export.records import Record
+from converters.export.render import ACTION_KINDS, Conversation, Unrenderable
 
 
-def labeled_steps(traj: Trajectory) -> list[int]:
-    return [i for i, s in enumerate(traj.steps) if s.kind in _ACTIONS and s.label in ("good", "bad")]
+def has_step_labels(record: Record) -> bool:
+    return any(record.step("kind", j) in ACTION_KINDS and record.step("label", j) in ("good", "bad")
+               for j in range(len(record)))
 
 
-def _row(traj: Trajectory, step: int, prompt: list[Turn], completion: list[Turn], label: bool,
+def _message_label(conv: Conversation, k: int, record: Record) -> bool | None:
+    """good -> True, bad -> False, none or disagreeing -> None."""
+    labels = {record.step("label", j) for j in conv.steps(k)} & {"good", "bad"}
+    return labels.pop() == "good" if len(labels) == 1 else None
+
+
+def _row(record: Record, k: int, conv: Conversation, completion: Conversation, label: bool,
          tools: str | None) -> dict[str, Any]:
-    return {"id": traj.id, "source": traj.source, "step": step, "prompt": messages(prompt),
-            "completion": messages(completion), "label": label, "tools": tools}
+    step = completion.first_step(0) if k >= 0 else -1
+    return {"id": record.id, "source": record.source, "step": step, "prompt": conv[:k] if k >= 0 else conv,
+            "completion": completion, "label": label, "tools": tools}
 
 
-def step_rows(traj: Trajectory, opts: FormatOptions) -> list[dict[str, Any]]:
-    tools = tools_json(traj)
+def message_rows(record: Record, opts: FormatOptions, outcome: bool) -> list[dict[str, Any]]:
+    """One row per trainable assistant message: labelled by its steps, or by the outcome."""
+    if outcome and record.success is None:
+        raise Unrenderable("no success label")
+    conv = record.render(opts.render)
+    tools = record.tools_json()
     rows = []
-    for i in labeled_steps(traj):
-        step = traj.steps[i]
-        if not step.train:
+    for k in conv.assistant_positions():
+        label = bool(record.success) if outcome else _message_label(conv, k, record)
+        if k == 0 or label is None or not conv.train(k):
             continue
-        prompt, rest = split_at(render(traj, opts.render, breaks=[i, i + 1]), i)
-        completion = [t for t in rest if t.first_step == i and t.is_assistant]
-        if not prompt or not completion:
-            continue
-        rows.append(_row(traj, i, prompt, completion, step.label == "good", tools))
+        rows.append(_row(record, k, conv, conv[k:k + 1], label, tools))
     if not rows:
-        raise Unrenderable("no trainable labeled step")
+        raise Unrenderable("no trainable assistant turn with a prompt" if outcome else "no trainable labeled step")
     return rows
 
 
-def trajectory_rows(traj: Trajectory, opts: FormatOptions) -> list[dict[str, Any]]:
-    if traj.success is None:
+def trajectory_rows(record: Record, opts: FormatOptions) -> list[dict[str, Any]]:
+    if record.success is None:
         raise Unrenderable("no success label")
-    turns = render(traj, opts.render)
-    assistant = [k for k, t in enumerate(turns) if t.is_assistant]
-    masked = [k for k in assistant if not turns[k].train]
+    conv = record.render(opts.render)
+    assistant = conv.assistant_positions()
+    masked = [k for k in assistant if not conv.train(k)]
     start = next((k for k in assistant if not masked or k > masked[-1]), None)
     if start is None:
         raise Unrenderable("no trainable assistant turn")
     if start == 0:
         raise Unrenderable("no prompt before the first assistant turn")
-    end = last_assistant(turns) + 1
-    return [_row(traj, -1, turns[:start], turns[start:end], bool(traj.success), tools_json(traj))]
+    row = _row(record, -1, conv[:start], conv[start:].through_last_assistant(), bool(record.success), record.tools_json())
+    return [row]
 
 
-def kto_rows(traj: Trajectory, opts: FormatOptions) -> list[dict[str, Any]]:
+def kto_rows(record: Record, opts: FormatOptions) -> list[dict[str, Any]]:
     mode = opts.kto_mode
     if mode == "auto":
-        mode = "steps" if labeled_steps(traj) else "trajectory"
-    return step_rows(traj, opts) if mode == "steps" else trajectory_rows(traj, opts)
+        mode = "steps" if has_step_labels(record) else "turns"
+    if mode == "trajectory":
+        return trajectory_rows(record, opts)
+    return message_rows(record, opts, outcome=mode == "turns")

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from converters.export.render import RenderOptions
 
+if TYPE_CHECKING:
+    from converters.export.tokenized import ChatTokenizer
+
 SftLayout = Literal["messages", "prompt-completion"]
-KtoMode = Literal["auto", "steps", "trajectory"]
+KtoMode = Literal["auto", "steps", "turns", "trajectory"]
+DpoLevel = Literal["step", "trajectory"]
+
+SFT_LAYOUTS = ("prompt-completion", "messages")
+KTO_MODES = ("auto", "steps", "turns", "trajectory")
+DPO_LEVELS = ("step", "trajectory")
 
 
 @dataclass(frozen=True)
 class FormatOptions:
     render: RenderOptions = field(default_factory=RenderOptions)
-    # Resolved by the driver: "auto" becomes one of these before rows are made (one schema per export).
-    sft_layout: SftLayout = "messages"
+    sft_layout: SftLayout = "prompt-completion"
     kto_mode: KtoMode = "auto"
+    dpo_level: DpoLevel = "step"
+    # `tokenized` only: the user's tokenizer and chat template, and the length limit.
+    tokenizer: "ChatTokenizer | None" = None

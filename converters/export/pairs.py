@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import duckdb
+import pyarrow as pa
 
-from schemas.arrow import pair_from_row, trajectory_from_row
-from schemas.models import Pair, Trajectory
+from schemas.arrow import TRAJECTORY_SCHEMA
 
 DEFAULT_MEMORY_LIMIT = "1GB"
 _BATCH_ROWS = 256
@@ -30,8 +30,8 @@ def _files(paths: list[Path]) -> str:
 
 def iter_joined_pairs(
     pair_files: list[Path], trajectory_files: list[Path], memory_limit: str = DEFAULT_MEMORY_LIMIT,
-) -> Iterator[tuple[Pair, Trajectory | None, Trajectory | None]]:
-    """(pair, chosen or None, rejected or None) for every pair, ordered by pair id."""
+) -> Iterator[pa.RecordBatch]:
+    """Batches of (pair, chosen, rejected) struct columns, ordered by pair id; a missing side is null."""
     if not pair_files:
         return
     with tempfile.TemporaryDirectory(prefix="trajforge-dpo-") as spill:
@@ -42,7 +42,8 @@ def iter_joined_pairs(
             if trajectory_files:
                 trajectories = f"read_parquet({_files(trajectory_files)})"
             else:  # no trajectories at all: every pair is missing both sides
-                trajectories = f"(SELECT * FROM read_parquet({_files(pair_files)}) WHERE false)"
+                con.register("no_trajectories", TRAJECTORY_SCHEMA.empty_table())
+                trajectories = "no_trajectories"
             query = f"""
                 SELECT p AS pair, c AS chosen, r AS rejected
                 FROM read_parquet({_files(pair_files)}) p
@@ -50,15 +51,6 @@ def iter_joined_pairs(
                 LEFT JOIN {trajectories} r ON r.id = p.rejected_id
                 ORDER BY p.id
             """
-            reader = con.sql(query).to_arrow_reader(_BATCH_ROWS)
-            for batch in reader:
-                for row in batch.to_pylist():
-                    yield pair_from_row(row["pair"]), _trajectory(row["chosen"]), _trajectory(row["rejected"])
+            yield from con.sql(query).to_arrow_reader(_BATCH_ROWS)
         finally:
             con.close()
-
-
-def _trajectory(row: dict[str, Any] | None) -> Trajectory | None:
-    if row is None or row.get("id") is None:
-        return None
-    return trajectory_from_row(row)

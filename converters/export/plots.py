@@ -56,6 +56,23 @@ def bar_chart(counts: Mapping[str, int | float], path: Path, title: str, xlabel:
     return True
 
 
+def value_chart(counts: Mapping[str, int | float], path: Path, title: str, xlabel: str, ylabel: str = "count") -> bool:
+    """Counts per numeric value (steps, rewards): bars at their values on a numeric axis, with the
+    axis' own ticks (one label per bar is unreadable, and slow to lay out, past a few dozen values)."""
+    if not counts or not any(counts.values()):
+        return False
+    xs, ys = [float(k) for k in counts], list(counts.values())
+    ordered = sorted(xs)
+    gaps = [b - a for a, b in zip(ordered, ordered[1:]) if b > a]
+    fig, ax = plt.subplots(figsize=_SIZE)
+    ax.bar(xs, ys, width=0.8 * min(gaps) if gaps else 0.8, color=_COLOR)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    _save(fig, path)
+    return True
+
+
 def histogram(edges: Sequence[float], counts: Sequence[int], path: Path, title: str, xlabel: str) -> bool:
     """Pre-binned counts: `counts[i]` values fell in [edges[i], edges[i+1])."""
     if not counts or not any(counts) or len(edges) != len(counts) + 1:

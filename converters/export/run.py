@@ -1,32 +1,46 @@
 """The streaming export driver: dataset directory -> OUT/data shards + OUT/README.md.
 
-Records are streamed from the store (trajectories) or from the DuckDB pair join (pairs), mixed
-(`mix`), rendered by the format's pure row function and streamed into shards; nothing holds the
-whole dataset. Every input record ends up counted: exported, or skipped with a reason
-(`records_in == records_exported + sum(skipped)`).
+Records are streamed from the store batch by batch (trajectories) or from the DuckDB pair join
+(pairs), read column-wise (`records`), selected (`--mix`, failed trajectories), rendered by the
+format's pure row function into one message buffer per batch, and written as one Arrow batch
+per input batch; nothing holds the whole dataset. Every input record ends up counted: exported,
+or skipped with a reason (`records_in == records_exported + sum(skipped)`).
 """
 
 from __future__ import annotations
 
+import json
+import queue
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from converters.export import pairs as pair_join
 from converters.export.card import write_card
-from converters.export.formats import FORMATS, Format
+from converters.export.formats import CONVERSATION_COLUMNS, FORMATS, Format, rows_to_batch
+from converters.export.lengths import TokenStats, approx_tokens, dict_chars, message_chars, sum_lists
 from converters.export.mix import copies
-from converters.export.options import FormatOptions
-from converters.export.render import RenderOptions, Unrenderable
+from converters.export.options import DPO_LEVELS, KTO_MODES, SFT_LAYOUTS, FormatOptions
+from converters.export.records import COLUMNS, Batch, pair_refs
+from converters.export.render import Conversation, RenderOptions, Unrenderable
+from converters.export.sharegpt import DATASET_INFO
+from converters.export.tokenized import ChatTokenizer, TokenizerError
 from converters.export.writer import DEFAULT_SHARD_ROWS, TEMP_PREFIX, ShardWriter
-from schemas.models import Pair, Trajectory
 from schemas.store import Dataset
 
-SFT_LAYOUTS = ("auto", "messages", "prompt-completion")
-KTO_MODES = ("auto", "steps", "trajectory")
+BATCH_ROWS = 1024
+FAILED = "success = false (--include-failed keeps it)"
+DUPLICATE = "duplicate of an earlier row"
+# Notes the summary and the card show next to the counts.
+MASKED_IN_MESSAGES = "rows with train=false assistant messages (TRL's SFTTrainer trains them; see the card)"
+TRUNCATED = "rows truncated by --max-length"
+DROPPED_TURNS = "messages dropped by --max-length"
 
 
 class ExportError(Exception):
@@ -42,8 +56,14 @@ class ExportConfig:
     # None: the format's default (kept, except for openai whose format has no field for it).
     reasoning: bool | None = None
     web_max_chars: int = 20_000
-    sft_layout: str = "auto"
+    sft_layout: str = "prompt-completion"
     kto_mode: str = "auto"
+    dpo_level: str = "step"
+    # Supervised formats leave out trajectories with success = false unless this is set.
+    include_failed: bool = False
+    # `tokenized`: a tokenizer directory (or hub name) and the longest row in tokens.
+    tokenizer: str | None = None
+    max_length: int | None = None
     overwrite: bool = False
     duckdb_memory_limit: str = pair_join.DEFAULT_MEMORY_LIMIT
 
@@ -74,12 +94,25 @@ class ExportReport:
     records_exported: int = 0
     rows: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    notes: Counter[str] = field(default_factory=Counter)
     records_by_source: Counter[str] = field(default_factory=Counter)
     rows_by_source: Counter[str] = field(default_factory=Counter)
     steps_by_source: dict[str, RunningStats] = field(default_factory=dict)
     provenance: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    # Over the trajectories behind the exported rows (a pair's two sides both count).
+    steps: Counter[int] = field(default_factory=Counter)
+    rewards: Counter[float] = field(default_factory=Counter)
+    step_labels: Counter[str] = field(default_factory=Counter)
+    # Of the written rows: per conversation column, and all of a row's columns together.
+    lengths: dict[str, TokenStats] = field(default_factory=dict)
+    row_lengths: TokenStats = field(default_factory=TokenStats)
+    kto_labels: Counter[bool] = field(default_factory=Counter)
     files: list[Path] = field(default_factory=list)
     sft_layout: str | None = None
+    kto_mode: str | None = None
+    dpo_level: str | None = None
+    tokenizer: dict[str, Any] | None = None
+    include_failed: bool = False
     reasoning: bool = True
 
     @property
@@ -99,124 +132,323 @@ def _prepare_output(out: Path, src: Path, overwrite: bool) -> None:
         if not overwrite:
             raise ExportError(f"{out}: exists and is not empty (use --overwrite to replace an earlier export)")
         # Only what an export writes is removed; anything else the user put there stays.
-        for old in [*(out / "data").glob("train-*"), *(out / "data").glob(f"{TEMP_PREFIX}*"), out / "README.md"]:
+        for old in [*(out / "data").glob("train-*"), *(out / "data").glob(f"{TEMP_PREFIX}*"), out / "README.md",
+                    out / "dataset_info.json"]:
             if old.is_file():
                 old.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _any_masked(files: list[Path], mix: dict[str, float] | None) -> bool:
-    """DuckDB pre-scan (steps' `train` flags only): does any selected trajectory have a masked step?"""
-    if not files:
-        return False
-    paths = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in files) + "]"
-    where = "list_bool_or(list_transform(steps, lambda s: NOT coalesce(s.train, true)))"
-    params: list[Any] = []
-    if mix is not None:
-        kept = [s for s, w in mix.items() if w > 0]
-        if not kept:
-            return False
-        where += f" AND source IN ({', '.join('?' for _ in kept)})"
-        params = kept
-    con = duckdb.connect()
-    try:
-        return con.execute(f"SELECT EXISTS (SELECT 1 FROM read_parquet({paths}) WHERE {where})", params).fetchone()[0]
-    finally:
-        con.close()
+def _check_choice(value: str, choices: tuple[str, ...], what: str) -> None:
+    if value not in choices:
+        raise ExportError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 
 
-def resolve_options(fmt: Format, cfg: ExportConfig, ds: Dataset) -> FormatOptions:
-    if cfg.sft_layout not in SFT_LAYOUTS:
-        raise ExportError(f"unknown SFT layout {cfg.sft_layout!r}; choose one of {', '.join(SFT_LAYOUTS)}")
-    if cfg.kto_mode not in KTO_MODES:
-        raise ExportError(f"unknown KTO mode {cfg.kto_mode!r}; choose one of {', '.join(KTO_MODES)}")
-    layout = cfg.sft_layout
-    if layout == "auto":
-        masked = fmt.name == "trl-sft" and _any_masked(ds.checked_shard_files("trajectories"), cfg.mix)
-        layout = "prompt-completion" if masked else "messages"
+def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
+    """The concrete options of one export (checked, tokenizer loaded)."""
+    _check_choice(cfg.sft_layout, SFT_LAYOUTS, "SFT layout")
+    _check_choice(cfg.kto_mode, KTO_MODES, "KTO mode")
+    _check_choice(cfg.dpo_level, DPO_LEVELS, "DPO level")
+    if fmt.name != "tokenized" and (cfg.tokenizer is not None or cfg.max_length is not None):
+        raise ExportError("--tokenizer and --max-length apply to --format tokenized only")
+    tokenizer = None
+    if fmt.name == "tokenized":
+        if not cfg.tokenizer:
+            raise ExportError("--format tokenized needs --tokenizer PATH (a tokenizer directory with a chat template)")
+        try:
+            tokenizer = ChatTokenizer.load(cfg.tokenizer, cfg.max_length)
+        except TokenizerError as exc:
+            raise ExportError(str(exc)) from None
     reasoning = fmt.keeps_reasoning if cfg.reasoning is None else cfg.reasoning
-    return FormatOptions(RenderOptions(reasoning=reasoning, web_max_chars=cfg.web_max_chars), layout, cfg.kto_mode)  # type: ignore[arg-type]
+    return FormatOptions(RenderOptions(reasoning=reasoning, web_max_chars=cfg.web_max_chars),  # type: ignore[arg-type]
+                         cfg.sft_layout, cfg.kto_mode, cfg.dpo_level, tokenizer)  # type: ignore[arg-type]
 
 
 # ---- streaming -------------------------------------------------------------------------------
 
 
-def _records(fmt: Format, ds: Dataset, cfg: ExportConfig) -> Iterator[tuple[str, str, Callable[[FormatOptions], list[dict[str, Any]]], Trajectory | None]]:
-    """(id, source, make_rows, trajectory for stats) per input record; make_rows may raise Unrenderable."""
-    if fmt.table == "trajectories":
-        for traj in ds.iter_records("trajectories"):
-            yield traj.id, traj.source, (lambda o, t=traj: fmt.rows(t, o)), traj
+@dataclass
+class Inputs:
+    """One input batch: the records the export reads (trajectories, or pairs) and, per record,
+    the trajectories behind it (`behind`: batches indexed like the records)."""
+
+    ids: list[str]
+    sources: list[str]
+    behind: list[Batch]
+    # Per record: why it gives no row, or None (filled in as the batch is processed).
+    reasons: list[str | None]
+    # Per record: (opts) -> rows, for formats that make rows record by record.
+    makers: list[Callable[[FormatOptions], list[dict[str, Any]]] | None]
+
+
+def _read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """The same items, read `depth` ahead in a background thread (Parquet decoding releases the GIL)."""
+    items: queue.Queue[Any] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for item in batches:
+                while not stop.is_set():
+                    try:
+                        items.put((True, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put((False, None))
+        except BaseException as exc:  # re-raised in the reading thread below
+            items.put((False, exc))
+
+    thread = threading.Thread(target=read, name="trajforge-export-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, item = items.get()
+            if not ok:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _checked(batch: Batch, ds: Dataset) -> Batch:
+    problem = batch.first_problem()
+    if problem is not None:
+        raise ExportError(f"{ds.path}: record {problem[0]!r} fails validation ({problem[1]}); "
+                          f"`trajforge validate {ds.path}` lists every problem")
+    return batch
+
+
+def _trajectory_inputs(fmt: Format, ds: Dataset) -> Iterator[Inputs]:
+    for arrow_batch in _read_ahead(ds.iter_batches("trajectories", columns=COLUMNS, batch_size=BATCH_ROWS)):
+        batch = _checked(Batch(arrow_batch), ds)
+        makers: list[Any] = [None] * len(batch)
+        if fmt.rows is not None:
+            rows = fmt.rows
+            makers = [(lambda o, r=rec: rows(r, o)) for rec in batch.records]
+        yield Inputs(batch.py("id"), batch.py("source"), [batch], [None] * len(batch), makers)
+
+
+def _pair_inputs(fmt: Format, ds: Dataset, cfg: ExportConfig) -> Iterator[Inputs]:
+    joined = pair_join.iter_joined_pairs(ds.checked_shard_files("pairs"), ds.checked_shard_files("trajectories"),
+                                         cfg.duckdb_memory_limit)
+    assert fmt.rows is not None
+    rows = fmt.rows
+    for arrow_batch in joined:
+        chosen = _checked(Batch(arrow_batch.column("chosen")), ds)
+        rejected = _checked(Batch(arrow_batch.column("rejected")), ds)
+        pairs = pair_refs(arrow_batch.column("pair"))
+        reasons: list[str | None] = []
+        makers: list[Any] = []
+        for pair, c, r in zip(pairs, chosen.records, rejected.records):
+            reasons.append("missing chosen trajectory" if c is None else "missing rejected trajectory" if r is None
+                           else None)
+            makers.append(None if reasons[-1] else (lambda o, p=pair, c=c, r=r: rows(p, c, r, o)))
+        yield Inputs([p.id for p in pairs], [p.source for p in pairs], [chosen, rejected], reasons, makers)
+
+
+def _select(fmt: Format, cfg: ExportConfig, inputs: Inputs) -> np.ndarray:
+    """How many copies of each record to export (0: left out, and `inputs.reasons` says why)."""
+    n = len(inputs.ids)
+    copies_of = np.array([r is None for r in inputs.reasons], dtype=np.int64)
+    if cfg.mix is not None:
+        for r in np.flatnonzero(copies_of).tolist():
+            source = inputs.sources[r]
+            if source not in cfg.mix:
+                inputs.reasons[r], copies_of[r] = "source not in --mix", 0
+            elif (k := copies(cfg.mix[source], cfg.seed, inputs.ids[r])) == 0:
+                inputs.reasons[r], copies_of[r] = "sampled out by --mix", 0
+            else:
+                copies_of[r] = k
+    if fmt.supervised and fmt.table == "trajectories" and not cfg.include_failed:
+        failed = pc.fill_null(pc.equal(inputs.behind[0].column("success"), False), False).to_numpy(zero_copy_only=False)
+        for r in np.flatnonzero(failed & (copies_of > 0)).tolist():
+            inputs.reasons[r], copies_of[r] = FAILED, 0
+    assert len(copies_of) == n
+    return copies_of
+
+
+def _content_key(row: dict[str, Any]) -> int:
+    """What a preference row compares (not where it came from), for dropping repeats."""
+    return hash(tuple(tuple(v.keys()) if isinstance(v, Conversation) else v
+                      for k, v in row.items() if k in ("prompt", "chosen", "rejected", "tools")))
+
+
+def _record_rows(opts: FormatOptions, inputs: Inputs, copies_of: np.ndarray,
+                 seen: set[int] | None) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Rows of a per-record format, and each row's record (pairs: repeats of earlier rows left out)."""
+    rows: list[dict[str, Any]] = []
+    owner: list[int] = []
+    for r in np.flatnonzero(copies_of).tolist():
+        maker = inputs.makers[r]
+        assert maker is not None
+        try:
+            made = maker(opts)
+        except Unrenderable as exc:
+            inputs.reasons[r] = str(exc)
+            continue
+        if seen is not None:
+            keys = [_content_key(row) for row in made]
+            if all(k in seen for k in keys):
+                inputs.reasons[r] = DUPLICATE
+                continue
+            seen.update(keys)
+        rows += made
+        owner += [r] * len(made)
+    return rows, np.array(owner, dtype=np.int64)
+
+
+def _repeats(owner: np.ndarray, copies_of: np.ndarray) -> np.ndarray | None:
+    """Row positions that write each record's rows `copies` times (None: every row once)."""
+    if not len(owner) or (copies_of[owner] == 1).all():
+        return None
+    starts = np.r_[0, np.flatnonzero(np.diff(owner)) + 1]
+    stops = np.r_[starts[1:], len(owner)]
+    return np.concatenate([np.tile(np.arange(a, b), int(copies_of[owner[a]])) for a, b in zip(starts, stops)])
+
+
+def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Inputs, owner: np.ndarray,
+           copies_of: np.ndarray) -> None:
+    """Fold one batch's outcome into the report (vectorized over the batch)."""
+    n = len(inputs.ids)
+    report.records_in += n
+    report.skipped.update(r for r in inputs.reasons if r is not None)
+    exported = np.array([r is None for r in inputs.reasons], dtype=bool)
+    report.records_exported += int(exported.sum())
+    if not exported.any():
         return
-    joined = pair_join.iter_joined_pairs(ds.checked_shard_files("pairs"), ds.checked_shard_files("trajectories"), cfg.duckdb_memory_limit)
-    for pair, chosen, rejected in joined:
-        yield pair.id, pair.source, (lambda o, p=pair, c=chosen, r=rejected: _pair_rows(fmt, p, c, r, o)), chosen
+    rows_per = np.bincount(owner, minlength=n) * copies_of
+    first = inputs.behind[0]
+    sources = pa.array(inputs.sources, pa.string()).filter(pa.array(exported)).dictionary_encode()
+    group, names = sources.indices.to_numpy(), sources.dictionary.to_pylist()
+    steps, rows = first.lengths[exported], rows_per[exported]
+    counts = np.bincount(group, minlength=len(names))
+    lows, highs = np.full(len(names), np.iinfo(np.int64).max), np.zeros(len(names), dtype=np.int64)
+    np.minimum.at(lows, group, steps)
+    np.maximum.at(highs, group, steps)
+    for g, source in enumerate(names):
+        report.records_by_source[source] += int(counts[g])
+        report.rows_by_source[source] += int(rows[group == g].sum())
+        stats = report.steps_by_source.setdefault(source, RunningStats())
+        stats.count += int(counts[g])
+        stats.total += int(steps[group == g].sum())
+        stats.min = int(lows[g]) if stats.min is None else min(stats.min, int(lows[g]))
+        stats.max = int(highs[g]) if stats.max is None else max(stats.max, int(highs[g]))
+    keys = pc.binary_join_element_wise(*(pc.fill_null(first.column(c), "-").filter(pa.array(exported))
+                                         for c in ("method", "source_dataset", "model")), "\x00").value_counts()
+    for key, k in zip(keys.field("values").to_pylist(), keys.field("counts").to_pylist()):
+        report.provenance[tuple(key.split("\x00"))] += k  # type: ignore[index]
+    for batch in inputs.behind:
+        report.steps.update({int(k): int(v) for k, v in zip(*np.unique(batch.lengths[exported], return_counts=True))})
+        rewards = pc.value_counts(pc.round(batch.column("reward").filter(pa.array(exported)).drop_null(), 2))
+        report.rewards.update(dict(zip(rewards.field("values").to_pylist(), rewards.field("counts").to_pylist())))
+        report.step_labels.update(batch.action_labels(exported))
+    if fmt.name == "trl-sft" and opts.sft_layout == "messages":
+        masked_rows = int(rows_per[exported & first.masked_assistant].sum())
+        if masked_rows:
+            report.notes[MASKED_IN_MESSAGES] += masked_rows
 
 
-def _pair_rows(fmt: Format, pair: Pair, chosen: Trajectory | None, rejected: Trajectory | None,
-               opts: FormatOptions) -> list[dict[str, Any]]:
-    if chosen is None:
-        raise Unrenderable("missing chosen trajectory")
-    if rejected is None:
-        raise Unrenderable("missing rejected trajectory")
-    return fmt.rows(pair, chosen, rejected, opts)
+def _tokenized_notes(report: ExportReport, fmt: Format, rows: list[dict[str, Any]]) -> None:
+    if fmt.name == "tokenized":
+        for row in rows:
+            if row["dropped_turns"]:
+                report.notes[TRUNCATED] += 1
+                report.notes[DROPPED_TURNS] += row["dropped_turns"]
 
 
-def _record_stats(report: ExportReport, source: str, traj: Trajectory | None, rows: int) -> None:
-    report.records_exported += 1
-    report.records_by_source[source] += 1
-    report.rows_by_source[source] += rows
-    if traj is not None:
-        report.steps_by_source.setdefault(source, RunningStats()).add(len(traj.steps))
-        p = traj.provenance
-        report.provenance[(p.method or "-", p.source_dataset or "-", p.model or "-")] += 1
+def _measure(report: ExportReport, fmt: Format, opts: FormatOptions, table: pa.RecordBatch | None,
+             lines: list[dict[str, Any]]) -> None:
+    """Lengths (and KTO labels) of the rows just written, for the card."""
+    if fmt.file_type == "jsonl":
+        tokens = approx_tokens(np.array([dict_chars(line["messages"]) for line in lines], dtype=np.int64))
+        per_column = {"messages": (tokens, np.array([len(line["messages"]) for line in lines], dtype=np.int64))}
+    elif table is None or not table.num_rows:
+        return
+    elif fmt.name == "tokenized":
+        masks = table.column("assistant_masks")
+        trained = sum_lists(masks, masks.values.to_numpy(zero_copy_only=False).astype(np.int64))
+        per_column = {"input_ids": (pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64),
+                                    trained)}
+    else:
+        per_column = {}
+        for name in CONVERSATION_COLUMNS[fmt.name](opts):
+            chars, messages = message_chars(table.column(name))
+            per_column[name] = (approx_tokens(chars), messages)
+    row = np.zeros(len(next(iter(per_column.values()))[0]), dtype=np.int64)
+    for name, (tokens, messages) in per_column.items():
+        report.lengths.setdefault(name, TokenStats()).add(tokens, messages)
+        row += tokens
+    report.row_lengths.add(row, row)
+    if fmt.name == "trl-kto" and table is not None:
+        counts = pc.value_counts(table.column("label"))
+        report.kto_labels.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
 
 
 def export(src: str | Path, out: str | Path, cfg: ExportConfig,
            progress: Callable[[int], None] | None = None, total: Callable[[int], None] | None = None) -> ExportReport:
-    """Export the dataset at `src` into `out`. `total(n)` is told the input count, `progress(1)` each record."""
+    """Export the dataset at `src` into `out`. `total(n)` is told the input count, `progress(k)` after each batch."""
     src, out = Path(src), Path(out)
     fmt = FORMATS.get(cfg.format)
     if fmt is None:
         raise ExportError(f"unknown format {cfg.format!r}; choose one of {', '.join(FORMATS)}")
     if cfg.shard_rows < 1:
         raise ExportError(f"--shard-rows must be >= 1, got {cfg.shard_rows}")
+    opts = resolve_options(fmt, cfg)
     ds = Dataset.open(src)
-    opts = resolve_options(fmt, cfg, ds)
     _prepare_output(out, src, cfg.overwrite)
-    report = ExportReport(format=fmt.name, output=out, reasoning=opts.render.reasoning,
-                          sft_layout=opts.sft_layout if fmt.name == "trl-sft" else None)
+    report = ExportReport(format=fmt.name, output=out, reasoning=opts.render.reasoning, include_failed=cfg.include_failed,
+                          sft_layout=opts.sft_layout if fmt.name == "trl-sft" else None,
+                          kto_mode=opts.kto_mode if fmt.name == "trl-kto" else None,
+                          dpo_level=opts.dpo_level if fmt.name == "trl-dpo" else None)
+    if opts.tokenizer is not None:
+        report.tokenizer = {"path": opts.tokenizer.name, "method": opts.tokenizer.method,
+                            "max_length": opts.tokenizer.max_length}
     if total is not None:
         total(ds.count(fmt.table))
     schema = fmt.schema(opts) if fmt.schema is not None else None
     writer = ShardWriter(out / "data", fmt.file_type, schema, cfg.shard_rows)
+    seen: set[int] | None = set() if fmt.table == "pairs" else None
+    batches = _pair_inputs(fmt, ds, cfg) if fmt.table == "pairs" else _trajectory_inputs(fmt, ds)
     try:
-        for record_id, source, make_rows, traj in _records(fmt, ds, cfg):
-            report.records_in += 1
+        for inputs in batches:
+            copies_of = _select(fmt, cfg, inputs)
+            rows: list[dict[str, Any]] = []
+            if fmt.batch is not None:
+                reasons, table, owner = fmt.batch(inputs.behind[0], opts, schema, copies_of > 0)
+                inputs.reasons = [a if a is not None else b for a, b in zip(inputs.reasons, reasons)]
+            else:
+                rows, owner = _record_rows(opts, inputs, copies_of, seen)
+                table = rows_to_batch(rows, schema) if schema is not None and rows else None
+            _count(report, fmt, opts, inputs, owner, copies_of)
+            _tokenized_notes(report, fmt, rows)
+            repeats = _repeats(owner, copies_of)
+            if fmt.file_type == "jsonl":
+                lines = rows if repeats is None else [rows[i] for i in repeats.tolist()]
+                writer.write_lines(lines)
+                report.rows += len(lines)
+                _measure(report, fmt, opts, None, lines)
+            elif table is not None and table.num_rows:
+                if repeats is not None:
+                    table = table.take(pa.array(repeats))
+                writer.write_batch(table)
+                report.rows += table.num_rows
+                _measure(report, fmt, opts, table, [])
             if progress is not None:
-                progress(1)
-            n = 1
-            if cfg.mix is not None:
-                if source not in cfg.mix:
-                    report.skipped["source not in --mix"] += 1
-                    continue
-                n = copies(cfg.mix[source], cfg.seed, record_id)
-                if n == 0:
-                    report.skipped["sampled out by --mix"] += 1
-                    continue
-            try:
-                rows = make_rows(opts)
-            except Unrenderable as exc:
-                report.skipped[str(exc)] += 1
-                continue
-            for _ in range(n):
-                for row in rows:
-                    writer.write(row)
-            report.rows += n * len(rows)
-            _record_stats(report, source, traj, n * len(rows))
+                progress(len(inputs.ids))
         report.files = writer.close()
+    except TokenizerError as exc:  # the chat template cannot give exact masks: for any record
+        writer.abort()
+        raise ExportError(f"{cfg.tokenizer}: {exc}") from None
     except BaseException:
         writer.abort()
         raise
+    if fmt.name == "sharegpt":
+        (out / "dataset_info.json").write_text(json.dumps(DATASET_INFO, indent=2) + "\n")
     write_card(out, fmt, cfg, report, report.files, source=src)
     return report
-

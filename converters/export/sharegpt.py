@@ -1,19 +1,27 @@
-"""`sharegpt`: the ShareGPT layout LLaMA-Factory reads (`formatting: sharegpt`).
+"""`sharegpt`: the ShareGPT layout LLaMA-Factory reads (`formatting: sharegpt`), as of LLaMA-Factory 0.9.5.
 
-Row: `{"conversations": [{"from", "value"}], "system": str | null, "tools": <JSON string> | null}`
+Row: `{"conversations": [{"from", "value"}], "system": str | null, "tools": <JSON text> | null}`
 (plus `id`, `source`). Roles map: system -> the `system` column; user -> `human`; assistant ->
 `gpt`, or `function_call` when it makes tool calls (value = the call as JSON
-`{"name", "arguments": {...}}`, a JSON list for parallel calls); tool -> `observation`.
-`tools` is a JSON list of `{"name", "description", "parameters"}` (LLaMA-Factory's tools column).
+`{"name", "arguments": {...}}` with the arguments as an object, a JSON list for parallel calls);
+tool -> `observation`. `tools` is a JSON list of `{"name", "description", "parameters"}`.
+The export writes `dataset_info.json` next to `data/` with this layout declared, so
+`dataset_dir: OUT` + `dataset: trajforge` loads it.
 
-LLaMA-Factory requires strict alternation (human/observation at odd positions, gpt/function_call
-at even ones, ending on the model side), so: consecutive same-side turns are merged (values joined
-by a blank line; an assistant message without a call folds into the next assistant message); trailing human/observation turns after the last model
-turn are left out; a conversation that does not start with a human turn is skipped. A thought
-or reasoning that accompanies a call goes before the JSON in a `<think>...</think>` block (the
-thought words LLaMA-Factory's function formatter strips), reasoning on a `gpt` turn likewise.
-The loss mask cannot be expressed: trajectories with masked steps are skipped ("masked steps need
-the prompt-completion layout" — use trl-sft or openai).
+LLaMA-Factory's rules, and how the rows meet them:
+- `SharegptDatasetConverter` requires strict alternation (human/observation at even positions,
+  gpt/function_call at odd ones) and an even count: consecutive same-side turns are merged
+  (values joined by a blank line; an assistant message without a call folds into the next
+  assistant message); messages after the last model turn are left out; a conversation that
+  does not start with a human turn is skipped.
+- `FunctionFormatter` splits a thought off a function_call value with the template's thought
+  words (`"<think>\\n"`, `"\\n</think>\\n\\n"` by default) and `json.loads` the rest: a thought or
+  reasoning that accompanies a call is written `<think>\\n{thought}\\n</think>\\n\\n{json}`, which
+  templates with the bare `<think>` / `</think>` words split as well. Reasoning on a gpt turn is
+  written the same way (the reasoning templates' format).
+- It trains every gpt/function_call turn (`mask_history: false`) and no human/observation turn:
+  it cannot mask single model turns, so trajectories with a masked assistant step are skipped
+  ("masked steps need the prompt-completion layout" — use trl-sft, tokenized or openai).
 """
 
 from __future__ import annotations
@@ -22,49 +30,65 @@ import json
 from typing import Any
 
 from converters.export.options import FormatOptions
-from converters.export.render import Turn, Unrenderable, render
-from converters.export.sft import has_masked_steps
-from converters.export.tools import function_specs
-from schemas.models import Trajectory
+from converters.export.records import Record
+from converters.export.render import ROLES, SYSTEM, Conversation, Unrenderable
 
+THOUGHT_WORDS = ("<think>\n", "\n</think>\n\n")
 _HUMAN_SIDE = ("human", "observation")
+DATASET_INFO = {
+    "trajforge": {
+        "file_name": "data",
+        "formatting": "sharegpt",
+        "columns": {"messages": "conversations", "system": "system", "tools": "tools"},
+        "tags": {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
+                 "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"},
+    }
+}
 
 
-def _think(thoughts: list[str], text: str) -> str:
-    inner = "\n\n".join(t for t in thoughts if t)
-    return f"<think>{inner}</think>{text}" if inner else text
+def _think(parts: list[str], text: str) -> str:
+    inner = "\n\n".join(p for p in parts if p)
+    return f"{THOUGHT_WORDS[0]}{inner}{THOUGHT_WORDS[1]}{text}" if inner else text
 
 
-def _merge_assistant(turns: list[Turn]) -> list[dict[str, Any]]:
-    """Fold an assistant message into the next one when the first makes no call (one model turn)."""
-    out: list[dict[str, Any]] = []
-    for turn in turns:
-        msg = turn.message
-        prev = out[-1] if out else None
-        if prev and prev["role"] == "assistant" == msg["role"] and not prev.get("tool_calls"):
-            merged = dict(msg)
-            merged["content"] = "\n\n".join(x for x in (prev.get("content"), msg.get("content")) if x)
-            merged["reasoning_content"] = "\n\n".join(
-                x for x in (prev.get("reasoning_content"), msg.get("reasoning_content")) if x)
-            out[-1] = merged
+def _call(name: str, arguments: str) -> str:
+    # The stored arguments are JSON text of an object: splice it in, no parse and re-dump.
+    return f'{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {arguments}}}'
+
+
+def _join(a: str | None, b: str | None) -> str:
+    return "\n\n".join(x for x in (a, b) if x)
+
+
+def _merged(conv: Conversation) -> list[tuple[str, str, str, list[tuple[str, str]]]]:
+    """(role, content, reasoning, calls as (name, arguments)) per message; an assistant message
+    without a call folds into the next assistant message (one model turn)."""
+    r = conv.r
+    roles, contents, reasonings, calls = r.py("role"), r.py("content"), r.py("reasoning_content"), r.py("tool_calls")
+    out: list[tuple[str, str, str, list[tuple[str, str]]]] = []
+    for m in conv.idx:
+        if roles[m] == SYSTEM:
+            continue
+        role = ROLES[roles[m]]
+        named = [(c["function"]["name"], c["function"]["arguments"]) for c in calls[m] or ()]
+        if out and role == "assistant" == out[-1][0] and not out[-1][3]:
+            prev = out[-1]
+            out[-1] = (role, _join(prev[1], contents[m]), _join(prev[2], reasonings[m]), named)
         else:
-            out.append(msg)
+            out.append((role, contents[m] or "", reasonings[m] or "", named))
     return out
 
 
-def _turn(msg: dict[str, Any]) -> dict[str, str]:
-    role = msg["role"]
+def _turn(role: str, content: str, reasoning: str, calls: list[tuple[str, str]]) -> dict[str, str]:
     if role == "user":
-        return {"from": "human", "value": msg["content"]}
+        return {"from": "human", "value": content}
     if role == "tool":
-        return {"from": "observation", "value": msg["content"]}
-    reasoning = msg.get("reasoning_content") or ""
-    calls = msg.get("tool_calls")
+        return {"from": "observation", "value": content}
     if calls:
-        parsed = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])} for c in calls]
-        payload = json.dumps(parsed[0] if len(parsed) == 1 else parsed, ensure_ascii=False)
-        return {"from": "function_call", "value": _think([reasoning, msg.get("content") or ""], payload)}
-    return {"from": "gpt", "value": _think([reasoning], msg.get("content") or "")}
+        payload = [_call(name, args) for name, args in calls]
+        value = payload[0] if len(payload) == 1 else "[" + ", ".join(payload) + "]"
+        return {"from": "function_call", "value": _think([reasoning, content], value)}
+    return {"from": "gpt", "value": _think([reasoning], content)}
 
 
 def _alternate(turns: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -79,19 +103,13 @@ def _alternate(turns: list[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-def sharegpt_rows(traj: Trajectory, opts: FormatOptions) -> list[dict[str, Any]]:
-    if has_masked_steps(traj):
+def sharegpt_rows(record: Record, opts: FormatOptions) -> list[dict[str, Any]]:
+    if record.has_masked_assistant_step():
         raise Unrenderable("masked steps need the prompt-completion layout")
-    turns = render(traj, opts.render)
-    system = next((t.message["content"] for t in turns if t.role == "system"), None)
-    conversations = _alternate([_turn(m) for m in _merge_assistant([t for t in turns if t.role != "system"])])
+    conv = record.render(opts.render)
+    system = next((conv.r.py("content")[m] for m in conv.idx if conv.r.py("role")[m] == SYSTEM), None)
+    conversations = _alternate([_turn(*m) for m in _merged(conv)])
     if not conversations or conversations[0]["from"] != "human":
         raise Unrenderable("conversation does not start with a human turn")
-    specs = function_specs(traj)
-    return [{
-        "id": traj.id,
-        "source": traj.source,
-        "conversations": conversations,
-        "system": system,
-        "tools": json.dumps(specs, ensure_ascii=False) if specs else None,
-    }]
+    return [{"id": record.id, "source": record.source, "conversations": conversations, "system": system,
+             "tools": record.specs_json()}]

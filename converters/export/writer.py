@@ -1,14 +1,20 @@
 """Streams export rows into `OUT/data/train-XXXXX-of-YYYYY.parquet` (zstd) or `.jsonl` shards.
 
-Rows are buffered only up to one row group, so memory is bounded by `row_group_rows`, not by
-the export. The total shard count is unknown until the end, so shards are written under hidden
-temp names and renamed `train-<k>-of-<n>` on `close()`; an export that fails midway leaves no
-visible partial shard. An empty export still writes one empty shard so the directory loads.
+The driver hands over one Arrow batch (Parquet) or one list of rows (JSONL) per input batch;
+nothing else is held, so memory is bounded by the input batch, not by the export. Parquet row
+groups hold at most `row_group_rows` rows. Encoding and compressing Parquet runs in a background
+thread (Arrow releases the GIL there) while the driver renders the next batch; at most
+`QUEUE_BATCHES` batches wait for it. The total shard count is unknown until the end, so
+shards are written under hidden temp names and renamed `train-<k>-of-<n>` on `close()`; an
+export that fails midway leaves no visible partial shard. An empty export still writes one
+empty shard so the directory loads.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,8 @@ import pyarrow.parquet as pq
 DEFAULT_SHARD_ROWS = 50_000
 ROW_GROUP_ROWS = 1_000
 TEMP_PREFIX = ".tmp-"
+QUEUE_BATCHES = 2
+_DONE = object()
 
 
 def shard_name(k: int, n: int, ext: str) -> str:
@@ -40,31 +48,69 @@ class ShardWriter:
         self.rows = 0
         self._temps: list[Path] = []
         self._in_shard = 0
-        self._buffer: list[dict[str, Any]] = []
         self._parquet: pq.ParquetWriter | None = None
         self._jsonl: Any = None
+        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_BATCHES)
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
 
     @property
     def ext(self) -> str:
         return "jsonl" if self.file_type == "jsonl" else "parquet"
 
-    def write(self, row: dict[str, Any]) -> None:
+    def _room(self) -> int:
+        """Rows the open shard still takes, opening the next shard when it is full."""
         if self._in_shard >= self.shard_rows:
             self._close_shard()
-        if not self._is_open():
+        if self._parquet is None and self._jsonl is None:
             self._open_shard()
-        self._in_shard += 1
-        self.rows += 1
-        if self.file_type == "jsonl":
-            self._jsonl.write(orjson.dumps(row) + b"\n")
-            return
-        self._buffer.append(row)
-        if len(self._buffer) >= self.row_group_rows:
-            self._flush()
+        return self.shard_rows - self._in_shard
 
-    def _is_open(self) -> bool:
-        return self._parquet is not None or self._jsonl is not None
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Queue a batch for the background thread (blocks while `QUEUE_BATCHES` wait)."""
+        self._raise()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._drain, name="trajforge-shard-writer", daemon=True)
+            self._thread.start()
+        self.rows += batch.num_rows
+        self._queue.put(batch)
+
+    def _drain(self) -> None:
+        while (batch := self._queue.get()) is not _DONE:
+            if self._error is None:
+                try:
+                    self._write(batch)
+                except BaseException as exc:  # handed to the driver's thread by _raise()
+                    self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._queue.put(_DONE)
+            self._thread.join()
+            self._thread = None
+
+    def _write(self, batch: pa.RecordBatch) -> None:
+        done = 0
+        while done < batch.num_rows:
+            n = min(self._room(), batch.num_rows - done)
+            assert self._parquet is not None
+            self._parquet.write_batch(batch.slice(done, n), row_group_size=self.row_group_rows)
+            self._in_shard += n
+            done += n
+
+    def write_lines(self, rows: list[dict[str, Any]]) -> None:
+        done = 0
+        while done < len(rows):
+            n = min(self._room(), len(rows) - done)
+            self._jsonl.write(b"".join(orjson.dumps(row) + b"\n" for row in rows[done:done + n]))
+            self._in_shard += n
+            self.rows += n
+            done += n
 
     def _open_shard(self) -> None:
         tmp = self.data_dir / f"{TEMP_PREFIX}{len(self._temps):05d}.{self.ext}"
@@ -75,14 +121,8 @@ class ShardWriter:
         else:
             self._parquet = pq.ParquetWriter(tmp, self.schema, compression="zstd")
 
-    def _flush(self) -> None:
-        if self._buffer and self._parquet is not None:
-            self._parquet.write_batch(pa.RecordBatch.from_pylist(self._buffer, schema=self.schema))
-        self._buffer.clear()
-
     def _close_shard(self) -> None:
         if self._parquet is not None:
-            self._flush()
             self._parquet.close()
             self._parquet = None
         if self._jsonl is not None:
@@ -91,6 +131,8 @@ class ShardWriter:
 
     def close(self) -> list[Path]:
         """Finish the last shard and give every shard its final name; returns the final paths."""
+        self._join()
+        self._raise()
         if not self._temps:
             self._open_shard()  # an empty export is still a loadable dataset
         self._close_shard()
@@ -103,8 +145,8 @@ class ShardWriter:
         return final
 
     def abort(self) -> None:
-        self._buffer.clear()
         try:
+            self._join()
             self._close_shard()
         finally:
             for tmp in self._temps:

@@ -1,45 +1,40 @@
-"""RetailEnv: the retail tools over an in-memory SQLite database, a simulated user, tau-bench-style outcome reward."""
+"""RetailEnv: the retail tools over an in-memory SQLite database, a rule-based user, tau-bench-style outcome reward."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
-from typing import Any
+from functools import lru_cache
+from typing import Any, Sequence
 
-from envs.base import Environment, Snapshot, StepResult, Task, action_kind, error_observation
+from envs.base import Environment, Evaluation, StepResult, Task, UserSimulator, action_kind, refused, said_to_user
 from envs.retail.db import GOAL_TABLES, DBSnapshot, RetailDB, initial_snapshot
 from envs.retail.memo import MEMO, CallOutcome
-from envs.retail.tasks import generate_tasks
+from envs.retail.tasks import generate_tasks, goal_hash
 from envs.retail.tools import TOOL_SPECS, ToolError, call_tool
-from envs.retail.user import SimulatedUser
+from envs.retail.user import RuleUser
 from envs.toolspec import validate_call
-from schemas.models import Action, ApiAction, MessageAction, Observation, TextObservation, Tool
-
-
-@dataclass(frozen=True)
-class _Episode:
-    """Everything beyond the database that a snapshot must capture (immutable, so sharing is safe)."""
-
-    task: Task | None = None
-    steps: int = 0
-    user_turns: int = 0
-    done: bool = False
-    messages: tuple[str, ...] = ()
+from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool
 
 
 class RetailEnv(Environment):
     """Customer service for an online shop. Tasks name their world seed in `params["world_seed"]`."""
 
     name = "retail"
+    can_snapshot = True
+    evaluation = "goal state (database after the reference actions) and the outputs told to the user"
 
-    def __init__(self, seed: int = 0, max_steps: int = 40, max_user_turns: int = 10) -> None:
+    def __init__(self, seed: int = 0, max_steps: int = 40, max_user_turns: int = 10,
+                 user: UserSimulator | None = None) -> None:
+        super().__init__(max_steps=max_steps, user=user if user is not None else RuleUser(max_user_turns))
         self.seed = seed
-        self.max_steps = max_steps
-        self.max_user_turns = max_user_turns
-        self.db = RetailDB(initial_snapshot(seed))
-        self._ep = _Episode()
-        self._user: SimulatedUser | None = None
+        self._db: RetailDB | None = None
         self._tools = [s.tool() for s in TOOL_SPECS.values()]
+
+    @property
+    def db(self) -> RetailDB:
+        if self._db is None:  # opened on first use, and again after close()
+            self._db = RetailDB(initial_snapshot(self.seed))
+        return self._db
 
     def tools(self) -> list[Tool]:
         return list(self._tools)
@@ -47,46 +42,15 @@ class RetailEnv(Environment):
     def generate_tasks(self, n: int, seed: int = 0) -> list[Task]:
         return generate_tasks(n, seed=seed, world_seed=self.seed)
 
-    @property
-    def task(self) -> Task | None:
-        return self._ep.task
-
-    @property
-    def done(self) -> bool:
-        return self._ep.done
-
-    def reset(self, task: Task) -> Observation:
-        self._check_task(task)
+    async def _reset(self, task: Task) -> Observation | None:
         self.db.restore(initial_snapshot(int(task.params.get("world_seed", self.seed))))
-        self._ep = _Episode(task=task)
-        self._user = self._make_user(task)
-        return TextObservation(content=task.instruction, source="user")
+        return None
 
-    def _make_user(self, task: Task) -> SimulatedUser:
-        return SimulatedUser(task.instruction, task.metadata.get("user_info", {}), self.max_user_turns)
-
-    def step(self, action: Action) -> StepResult:
-        if self._ep.task is None:
-            raise RuntimeError("call reset(task) before step()")
-        if self._ep.done:
-            return StepResult(error_observation("the episode is over"), 0.0, True, {"error": "the episode is over"})
-        self._ep = replace(self._ep, steps=self._ep.steps + 1)
-        if isinstance(action, ApiAction):
-            result = self._api(action)
-        elif isinstance(action, MessageAction):
-            result = self._message(action)
-        else:
-            reason = f"{action_kind(action)} actions are not supported here; call a tool or send a message"
-            result = StepResult(error_observation(reason), info={"error": reason})
-        if not result.done and self._ep.steps >= self.max_steps:
-            result.done = True
-            result.info["truncated"] = True
-        if result.done:
-            self._ep = replace(self._ep, done=True)
-            result.reward = self.evaluate()
-        return result
-
-    def _api(self, action: ApiAction) -> StepResult:
+    async def _act(self, action: Action) -> StepResult:
+        if isinstance(action, MessageAction):  # no user to answer: the message is the agent's final answer
+            return StepResult(TextObservation(content="The conversation has ended.", source="environment"), done=True)
+        if not isinstance(action, ApiAction):
+            return refused(action, f"{action_kind(action)} actions are not supported here; call a tool or send a message")
         ids = {"name": action.function, "tool_call_id": action.tool_call_id}
         key = MEMO.key(action.function, action.arguments, self.db.tokens())
         outcome = MEMO.get(key) if key is not None else None
@@ -97,10 +61,10 @@ class RetailEnv(Environment):
         elif outcome.after is not None:
             self.db.restore(outcome.after)
         if outcome.error is not None:
-            info: dict[str, Any] = {"error": outcome.error}
+            result = refused(action, outcome.error)
             if outcome.rule_violation:
-                info["rule_violation"] = True
-            return StepResult(error_observation(outcome.error, **ids), info=info)
+                result.info["rule_violation"] = True
+            return result
         assert outcome.content is not None
         done = action.function == "transfer_to_human_agents"
         return StepResult(TextObservation(content=outcome.content, source="environment", **ids), done=done)
@@ -118,37 +82,51 @@ class RetailEnv(Environment):
         content = value if isinstance(value, str) else json.dumps(value)
         return CallOutcome(content, after=self.db.snapshot() if self.db.tokens() != before else None)
 
-    def _message(self, action: MessageAction) -> StepResult:
-        assert self._user is not None
-        turn = self._ep.user_turns + 1
-        self._ep = replace(self._ep, user_turns=turn, messages=self._ep.messages + (action.content,))
-        reply, left = self._user.reply(action.content, turn)
-        return StepResult(TextObservation(content=reply, source="user"), done=left)
+    async def _evaluate(self, task: Task, history: Sequence[Step]) -> Evaluation:
+        expected = task.goal.get("state_hash")
+        if expected is None and isinstance(task.goal.get("actions"), list):
+            # tau2-style criteria without a precomputed hash: the goal is the state the reference actions reach.
+            try:
+                expected = _criteria_hash(int(task.params.get("world_seed", self.seed)),
+                                          json.dumps(task.goal["actions"], sort_keys=True))
+            except (ToolError, KeyError, TypeError, ValueError) as exc:
+                return Evaluation(0.0, False, f"the task's reference actions fail: {exc}")
+        if expected is None:
+            return Evaluation(0.0, False, "the task has no goal state to check")
+        state_ok = self.db.state_hash(GOAL_TABLES) == expected
+        said = said_to_user(history).lower().replace(",", "").replace("$", "")
+        told = task.goal.get("outputs") or task.goal.get("communicate_info") or []
+        outputs = {str(o): str(o).lower() in said for o in told}
+        details = {"db": state_ok, "outputs": outputs}
+        if not state_ok:
+            return Evaluation(0.0, False, "the database differs from the goal state", details)
+        missing = [o for o, ok in outputs.items() if not ok]
+        if missing:
+            return Evaluation(0.0, False, f"not told to the user: {', '.join(missing)}", details)
+        return Evaluation(1.0, True, "goal state reached" + (" and outputs told" if outputs else ""), details)
 
-    def evaluate(self) -> float:
-        task = self._ep.task
-        if task is None or "state_hash" not in task.goal:
-            return 0.0
-        if self.db.state_hash(GOAL_TABLES) != task.goal["state_hash"]:
-            return 0.0
-        said = " ".join(self._ep.messages).lower().replace(",", "").replace("$", "")
-        return 1.0 if all(str(o).lower() in said for o in task.goal.get("outputs", [])) else 0.0
+    def _snapshot_world(self) -> DBSnapshot:
+        return self.db.snapshot()
 
-    def snapshot(self) -> Snapshot:
-        return Snapshot(self.name, (self.db.snapshot(), self._ep))
+    def _restore_world(self, payload: DBSnapshot) -> None:
+        self.db.restore(payload)
 
-    def restore(self, snapshot: Snapshot) -> None:
-        self._check_snapshot(snapshot)
-        db_snap, ep = snapshot.payload
-        assert isinstance(db_snap, DBSnapshot)
-        self.db.restore(db_snap)
-        if ep.task is not self._ep.task:
-            self._user = self._make_user(ep.task) if ep.task is not None else None
-        self._ep = ep
-
-    def close(self) -> None:
-        self.db.close()
+    async def close(self) -> None:
+        if self._db is not None:
+            db, self._db = self._db, None
+            db.close()
 
     def state(self) -> dict[str, Any]:
-        """The whole database as plain rows (for tests and debugging)."""
+        """The whole database as plain rows (for verifiers, tests and debugging)."""
         return {t: self.db.rows(f"SELECT * FROM {t}") for t in GOAL_TABLES}
+
+
+@lru_cache(maxsize=256)
+def _criteria_hash(world_seed: int, actions_json: str) -> str:
+    """The goal state hash of reference actions given as `{name | function, arguments}` (tau2's or ours)."""
+    actions = [{"function": a.get("function") or a["name"], "arguments": a.get("arguments") or {}}
+               for a in json.loads(actions_json)]
+    for n, a in enumerate(actions, 1):
+        if (reason := validate_call(TOOL_SPECS, a["function"], a["arguments"])) is not None:
+            raise ValueError(f"action {n} ({a['function']}): {reason}")
+    return goal_hash(world_seed, actions)

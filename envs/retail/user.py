@@ -1,11 +1,13 @@
-"""A rule-based simulated customer: answers the agent's questions from the task's hidden info, ends when served."""
+"""A rule-based customer for the built-in retail world: answers from the task's hidden info, leaves when served."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
-STOP = "###STOP###"
+from envs.base import USER_STOP as STOP
+from envs.base import Task, UserReply, UserSimulator
+from schemas.models import Step
 
 # The agent signals it is finished: the user thanks it and leaves.
 _DONE = re.compile(r"\b(anything else|is there anything|all set|has been (cancelled|canceled|updated|modified|changed|submitted|processed)"
@@ -23,27 +25,35 @@ _ANSWERS: list[tuple[re.Pattern[str], str, str]] = [
 ]
 
 
-class SimulatedUser:
-    """Deterministic: the same agent messages always get the same replies."""
+class RuleUser(UserSimulator):
+    """Deterministic: the same agent messages always get the same replies (from `metadata["user_info"]`)."""
 
-    def __init__(self, instruction: str, info: dict[str, Any], max_turns: int = 10) -> None:
-        self.instruction = instruction
-        self.info = dict(info)
-        if "first_name" in info:
-            self.info["name_zip"] = f"{info['first_name']} {info['last_name']}, zip code {info.get('zip', '')}"
+    kind = "rules"
+
+    def __init__(self, max_turns: int = 10) -> None:
         self.max_turns = max_turns
 
-    def reply(self, message: str, turn: int) -> tuple[str, bool]:
-        """The user's answer to the agent's `turn`-th message and whether the user has left."""
-        text = message.lower()
-        if turn >= self.max_turns:
-            return f"I have to go now. {STOP}", True
-        # Completion first: a wrap-up message may mention refunds or addresses without asking for them.
-        if _DONE.search(text):
-            return f"No, that's all. Thank you! {STOP}", True
-        answers = [how.format(self.info[key]) for pattern, key, how in _ANSWERS if key in self.info and pattern.search(text)]
-        if _CONFIRM.search(text):
-            answers.append("Yes, please go ahead.")
-        if answers:
-            return " ".join(answers), False
-        return f"As I said: {self.instruction}", False
+    async def reply(self, task: Task, conversation: Sequence[Step]) -> UserReply:
+        turn = sum(1 for s in conversation if s.kind == "message" and s.extra.get("kind") != "revision")
+        text, stop = answer(task.instruction, task.metadata.get("user_info", {}), conversation[-1].content, turn,
+                            self.max_turns)
+        return UserReply(text=text, stop=stop)
+
+
+def answer(instruction: str, user_info: dict[str, Any], message: str, turn: int, max_turns: int) -> tuple[str, bool]:
+    """The user's answer to the agent's `turn`-th message and whether the user has left."""
+    info = dict(user_info)
+    if "first_name" in info:
+        info["name_zip"] = f"{info['first_name']} {info['last_name']}, zip code {info.get('zip', '')}"
+    text = message.lower()
+    if turn >= max_turns:
+        return f"I have to go now. {STOP}", True
+    # Completion first: a wrap-up message may mention refunds or addresses without asking for them.
+    if _DONE.search(text):
+        return f"No, that's all. Thank you! {STOP}", True
+    answers = [how.format(info[key]) for pattern, key, how in _ANSWERS if key in info and pattern.search(text)]
+    if _CONFIRM.search(text):
+        answers.append("Yes, please go ahead.")
+    if answers:
+        return " ".join(answers), False
+    return f"As I said: {instruction}", False

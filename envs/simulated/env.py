@@ -7,34 +7,34 @@ realistic outputs). Users can so simulate their own APIs without implementing th
 
     env = make_env("simulated", tools=[...], policy="...", llm=LLMConfig(...) | llm, seeds=[...])
 
-Each `astep` sends the task, the history and the agent's action to the model and asks
+Each tool call sends the task, the history and the agent's action to the model and asks
 (structured output) for `{observation, done}` — in `mode="web"` for the next page
 `{url, axtree, done}`, returned as a `WebObservation`. What never needs a model call does
 not get one: an api action naming an unknown tool or with arguments that fail the tool's
 JSON Schema gets an error observation at once (the state is unchanged); code actions are
-refused. The episode ends when the model says `done`, when a simulated user turn carries the
-`###STOP###` marker, after `max_steps` actions, or (web mode) when the agent answers with a
-message. The reward is an LLM judge's `{reasoning, reward}` over the transcript, from the
-async `aevaluate()` (drivers call it once at the end; the sync `evaluate()` returns the last
-judged reward and raises if there is none). The env is async only: `reset`/`step` raise.
-A snapshot is the (immutable) task + history, so restoring is cheap and repeatable.
+refused. The user is a component of its own: by default the simulator plays it too
+(`SimulatorUser`, the same model under the same policy, seeing the whole episode), or any
+`UserSimulator` given. The episode ends when the model says `done`, when a user turn carries
+`###STOP###`, after `max_steps` actions, or (web mode) when the agent answers with a message.
+The reward is an LLM judge's `{reasoning, reward}` over the transcript (one call per history,
+reused until the history grows). The world's whole state is the episode's history, so snapshots
+are free and repeatable.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
 from backends.base import LLM
 from backends.config import LLMConfig
-from envs.base import Environment, Snapshot, StepResult, Task, action_kind, error_observation
+from envs.base import USER_STOP, Environment, Evaluation, StepResult, Task, UserReply, UserSimulator, action_kind, refused
 from envs.simulated import prompts as P
+from envs.toolspec import as_tool
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool, Trajectory, WebObservation
 from schemas.toolcalls import call_problem
 
@@ -65,24 +65,6 @@ class Judgement(BaseModel):
     reward: float
 
 
-@dataclass(frozen=True)
-class _State:
-    """Everything an episode is; immutable, so a snapshot shares it safely."""
-
-    task: Task | None = None
-    history: tuple[Step, ...] = ()
-    actions: int = 0
-    done: bool = False
-
-
-def _as_tool(value: Tool | dict[str, Any]) -> Tool:
-    if isinstance(value, Tool):
-        return value
-    if value.get("type") == "function" and isinstance(value.get("function"), dict):
-        value = value["function"]  # the OpenAI `tools=[...]` wire format
-    return Tool(name=value["name"], description=value.get("description"), parameters=value.get("parameters"))
-
-
 def _load_seeds(seeds: list[Any]) -> list[Trajectory]:
     """Seeds as Trajectory objects, dicts, or paths (a dataset directory or an interlingua JSONL file)."""
     out: list[Trajectory] = []
@@ -110,10 +92,36 @@ def _as_axtree(text: str) -> str:
         return text
 
 
+class SimulatorUser(UserSimulator):
+    """The user played by the simulator model itself, under the environment's policy (Simia)."""
+
+    kind = "simulated"
+
+    def __init__(self, env: SimulatedEnv) -> None:
+        self.env = env
+
+    async def reply(self, task: Task, conversation: Sequence[Step]) -> UserReply:
+        answer = await self.env.ask(self.env.step_prompt(task, conversation[:-1], conversation[-1], "the user's reply"),
+                                    ToolTurn)
+        return UserReply(text=answer.observation, stop=answer.done or USER_STOP in answer.observation)
+
+
 class SimulatedEnv(Environment):
     """An environment whose every reaction is written by an LLM under a policy; works for any tool list."""
 
     name = "simulated"
+    can_snapshot = True
+    needs_llm = True
+    evaluation = "LLM judge over the transcript, under the policy"
+
+    @classmethod
+    def offers(cls, config: dict[str, Any]) -> set[str]:
+        out = super().offers(config)
+        if config.get("mode") == "web":
+            out.add("pages")
+        if not config.get("tasks"):
+            out.discard("generator")  # it generates only from the tasks its config lists
+        return out
 
     def __init__(
         self,
@@ -128,28 +136,34 @@ class SimulatedEnv(Environment):
         max_history_chars: int = 12_000,
         max_example_chars: int = 6_000,
         seed: int = 0,
+        user: UserSimulator | None = None,
+        judge: LLM | None = None,
     ) -> None:
         if mode not in ("tool", "web"):
             raise ValueError(f"mode must be 'tool' or 'web', not {mode!r}")
         if mode == "tool" and not tools:
             raise ValueError("a simulated tool environment needs tools=[...] (Tool objects or JSON Schema dicts)")
+        # Web mode has no user: the agent's message is its final answer.
+        super().__init__(max_steps=max_steps, user=user if user is not None or mode == "web" else SimulatorUser(self))
         self.mode: Mode = mode
-        self._tools = [_as_tool(t) for t in tools] if tools else list(P.DEFAULT_WEB_TOOLS)
-        self.policy = policy.strip() or "(no special rules)"
+        self._tools = [as_tool(t) for t in tools] if tools else list(P.DEFAULT_WEB_TOOLS)
+        self.rules = policy.strip() or "(no special rules)"
+        # Tool mode: the domain policy binds the agent too (it is in its system prompt, as in tau-bench);
+        # web mode: the site description is for the simulator only.
+        self.policy = policy.strip() or None if mode == "tool" else None
         self.seeds = _load_seeds(list(seeds or []))
         self.task_pool = list(tasks or [])
         self.start_page = start_page
-        self.max_steps = max_steps
         self.max_history_chars = max_history_chars
         self.seed = seed
         self._own_llm = llm is not None and not isinstance(llm, LLM)
         self._llm_source = llm
         self._llm: LLM | None = llm if isinstance(llm, LLM) else None
-        self._state = _State()
-        # The last judgement: (history length it judged, reward, reasoning); evaluate() returns it.
-        self._judged: tuple[int, float, str] | None = None
+        self._judge = judge  # the grading model; default: the simulator's own
+        # The last judgement: (history it judged, its evaluation).
+        self._judged: tuple[tuple[Step, ...], Evaluation] | None = None
         template = P.WEB_SYSTEM if mode == "web" else P.TOOL_SYSTEM
-        self._system = template.format(policy=self.policy, tools=P.tools_block(self._tools),
+        self._system = template.format(policy=self.rules, tools=P.tools_block(self._tools),
                                        examples=P.examples_block(self.seeds, max_example_chars))
 
     # ---- configuration ------------------------------------------------------------------------
@@ -167,18 +181,6 @@ class SimulatedEnv(Environment):
     def tools(self) -> list[Tool]:
         return list(self._tools)
 
-    @property
-    def task(self) -> Task | None:
-        return self._state.task
-
-    @property
-    def history(self) -> list[Step]:
-        return list(self._state.history)
-
-    @property
-    def done(self) -> bool:
-        return self._state.done
-
     def generate_tasks(self, n: int, seed: int = 0) -> list[Task]:
         """`n` tasks cycled from the configured `tasks=[...]` (strings or Task-like dicts), shuffled by `seed`."""
         if not self.task_pool:
@@ -195,93 +197,50 @@ class SimulatedEnv(Environment):
             out.append(Task.model_validate(data))
         return out
 
-    # ---- the sync API is refused: every reaction is a model call -------------------------------
-
-    def reset(self, task: Task) -> Observation:
-        raise RuntimeError("SimulatedEnv is async (its reactions are model calls): use `await env.areset(task)`")
-
-    def step(self, action: Action) -> StepResult:
-        raise RuntimeError("SimulatedEnv is async (its reactions are model calls): use `await env.astep(action)`")
-
-    def evaluate(self) -> float:
-        if self._judged is None or self._judged[0] != len(self._state.history):
-            raise RuntimeError("SimulatedEnv's reward comes from an LLM judge: use `await env.aevaluate()`")
-        return self._judged[1]
-
     # ---- episodes -----------------------------------------------------------------------------
 
-    async def areset(self, task: Task) -> Observation:
+    async def _reset(self, task: Task) -> Observation | None:
         self._judged = None
         if self.mode == "tool":
-            # The user's first message is the task's request itself: no model call needed.
-            first: Observation = TextObservation(content=task.instruction, source="user")
-        else:
-            first = await self._start_page(task)
-        self._state = _State(task=task, history=(first,))
-        return first
-
-    async def _start_page(self, task: Task) -> WebObservation:
+            return None  # the user's request opens the episode; no model call needed
         page = task.params.get("start_page") or self.start_page
         if page:
             return WebObservation(url=page.get("url"), axtree=_as_axtree(page.get("axtree", "")))
-        answer = await self._ask(P.WEB_START.format(task=P.task_block(task)), PageTurn)
+        answer = await self.ask(P.WEB_START.format(task=P.task_block(task)), PageTurn)
         return WebObservation(url=answer.url, axtree=_as_axtree(answer.axtree))
 
-    async def astep(self, action: Action) -> StepResult:
-        state = self._state
-        if state.task is None:
-            raise RuntimeError("call `await env.areset(task)` before astep()")
-        if state.done:
-            return StepResult(error_observation("the episode is over"), 0.0, True, {"error": "the episode is over"})
-        result = await self._react(state, action)
-        actions = state.actions + 1
-        if not result.done and actions >= self.max_steps:
-            result.done = True
-            result.info["truncated"] = True
-        self._state = replace(state, history=state.history + (action, result.observation), actions=actions,
-                              done=result.done)
-        return result
-
-    async def _react(self, state: _State, action: Action) -> StepResult:
+    async def _act(self, action: Action) -> StepResult:
+        task = self.task
+        assert task is not None
         if isinstance(action, ApiAction):
-            ids = {"tool_call_id": action.tool_call_id}
             problem = call_problem(self._tools, action.function, action.arguments)
             if problem is not None:
                 # Checked locally: a schema violation needs no model call and changes nothing.
-                return StepResult(error_observation(problem, name=action.function, **ids), info={"error": problem})
+                return refused(action, problem)
             if self.mode == "web":
-                return await self._page(state, action)
-            answer = await self._ask(self._tool_prompt(state, action, "the tool's output (JSON or text)"), ToolTurn)
-            obs = TextObservation(content=answer.observation, source="environment", name=action.function, **ids)
-            return StepResult(obs, done=answer.done)
+                answer = await self.ask(P.WEB_USER.format(task=P.task_block(task), history=self._history_text(self.history),
+                                                          action=P.step_line(action)), PageTurn)
+                obs: Observation = WebObservation(url=answer.url, axtree=_as_axtree(answer.axtree),
+                                                  tool_call_id=action.tool_call_id)
+                return StepResult(obs, done=answer.done)
+            turn = await self.ask(self.step_prompt(task, self.history, action, "the tool's output (JSON or text)"), ToolTurn)
+            obs = TextObservation(content=turn.observation, source="environment", name=action.function,
+                                  tool_call_id=action.tool_call_id)
+            return StepResult(obs, done=turn.done)
         if isinstance(action, MessageAction):
-            if self.mode == "web":
-                # A message is the agent's final answer on a web task (WebArena's `stop`).
-                return StepResult(TextObservation(content="The answer was submitted.", source="environment"),
-                                  done=True, info={"answer": action.content})
-            answer = await self._ask(self._tool_prompt(state, action, "the user's reply"), ToolTurn)
-            done = answer.done or P.STOP in answer.observation
-            return StepResult(TextObservation(content=answer.observation, source="user"), done=done)
-        reason = f"{action_kind(action)} actions are not supported here; call a tool or send a message"
-        return StepResult(error_observation(reason), info={"error": reason})
+            # Without a user (web mode), a message is the agent's final answer (WebArena's `stop`).
+            return StepResult(TextObservation(content="The answer was submitted.", source="environment"),
+                              done=True, info={"answer": action.content})
+        return refused(action, f"{action_kind(action)} actions are not supported here; call a tool or send a message")
 
-    def _tool_prompt(self, state: _State, action: Action, what: str) -> str:
-        assert state.task is not None
-        return P.TOOL_USER.format(task=P.task_block(state.task), history=self._history_text(state.history),
+    def step_prompt(self, task: Task, history: Sequence[Step], action: Step, what: str) -> str:
+        return P.TOOL_USER.format(task=P.task_block(task), history=self._history_text(history),
                                   action=P.step_line(action), what=what)
 
-    async def _page(self, state: _State, action: ApiAction) -> StepResult:
-        assert state.task is not None
-        prompt = P.WEB_USER.format(task=P.task_block(state.task), history=self._history_text(state.history),
-                                   action=P.step_line(action))
-        answer = await self._ask(prompt, PageTurn)
-        obs = WebObservation(url=answer.url, axtree=_as_axtree(answer.axtree), tool_call_id=action.tool_call_id)
-        return StepResult(obs, done=answer.done)
+    def _history_text(self, history: Sequence[Step]) -> str:
+        return P.history_block(tuple(history), self.max_history_chars)
 
-    def _history_text(self, history: tuple[Step, ...]) -> str:
-        return P.history_block(history, self.max_history_chars)
-
-    async def _ask(self, prompt: str, schema: type[BaseModel]) -> Any:
+    async def ask(self, prompt: str, schema: type[BaseModel]) -> Any:
         answer = await self.llm.structured([{"role": "system", "content": self._system},
                                             {"role": "user", "content": prompt}], schema)
         if answer is None:
@@ -290,52 +249,31 @@ class SimulatedEnv(Environment):
 
     # ---- reward -------------------------------------------------------------------------------
 
-    async def aevaluate(self) -> float:
-        """The judge's reward in [0, 1] for the episode so far (one model call, reused until the history grows)."""
-        state = self._state
-        if state.task is None:
-            return 0.0
-        if self._judged is not None and self._judged[0] == len(state.history):
+    async def _evaluate(self, task: Task, history: Sequence[Step]) -> Evaluation:
+        """The judge's verdict for the episode so far (one model call, reused until the history grows)."""
+        key = tuple(history)
+        if self._judged is not None and self._judged[0] == key:
             return self._judged[1]
-        prompt = P.JUDGE_USER.format(task=P.task_block(state.task), history=self._history_text(state.history))
-        verdict = await self.llm.structured([{"role": "system", "content": P.JUDGE_SYSTEM.format(policy=self.policy)},
+        prompt = P.JUDGE_USER.format(task=P.task_block(task), history=self._history_text(history))
+        judge = self._judge or self.llm
+        verdict = await judge.structured([{"role": "system", "content": P.JUDGE_SYSTEM.format(policy=self.rules)},
                                              {"role": "user", "content": prompt}], Judgement)
         if verdict is None:
             raise SimulationError("no valid judgement from the judge model (invalid output or failed request)")
-        reward = min(1.0, max(0.0, float(verdict.reward)))
-        self._judged = (len(state.history), reward, verdict.reasoning)
-        return reward
-
-    @property
-    def judgement(self) -> dict[str, Any] | None:
-        """The last judge verdict, for trajectory details."""
-        if self._judged is None:
-            return None
-        return {"reward": self._judged[1], "reasoning": self._judged[2]}
+        evaluation = Evaluation.of(verdict.reward, verdict.reasoning, judge="llm")
+        self._judged = (key, evaluation)
+        return evaluation
 
     # ---- state --------------------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
-        return Snapshot(self.name, self._state)
+    def _snapshot_world(self) -> None:
+        return None  # the base's episode (task + history) is the whole state
 
-    def restore(self, snapshot: Snapshot) -> None:
-        self._check_snapshot(snapshot)
-        assert isinstance(snapshot.payload, _State)
-        self._state = snapshot.payload
+    def _restore_world(self, payload: None) -> None:
         self._judged = None
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
+        """Close an LLM this env made itself (a passed-in LLM belongs to the caller)."""
         if self._own_llm and self._llm is not None:
             llm, self._llm = self._llm, None
             await llm.aclose()
-
-    def close(self) -> None:
-        """Close an LLM this env made itself (a passed-in LLM belongs to the caller)."""
-        if not (self._own_llm and self._llm is not None):
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            asyncio.run(self.aclose())
-            return
-        self._closing = loop.create_task(self.aclose())  # keep a reference until it finishes

@@ -16,40 +16,40 @@ def _bid(env: WebShopEnv, *, name: str | None = None, prefix: str | None = None,
     raise LookupError(f"no element {name or prefix or field!r} on {env.browser.url}")
 
 
-def reference_actions(task: Task) -> list[ApiAction | MessageAction]:
+async def reference_actions(task: Task) -> list[ApiAction | MessageAction]:
     """Actions that solve `task`, found by driving a scratch environment like a user would."""
     env = WebShopEnv(seed=int(task.params.get("catalog_seed", 0)))
-    env.reset(task)
+    await env.reset(task)
     actions: list[ApiAction | MessageAction] = []
 
-    def do(function: str, **arguments: object) -> None:
+    async def do(function: str, **arguments: object) -> None:
         action = ApiAction(function=function, arguments=arguments)
-        result = env.step(action)
+        result = await env.step(action)
         if result.info.get("error"):
             raise RuntimeError(result.info["error"])
         actions.append(action)
 
-    def open_product(pid: str) -> None:
+    async def open_product(pid: str) -> None:
         p = env.site.by_id[pid]
-        do("type", bid=_bid(env, field="search"), text=f"{p.color} {p.noun}", press_enter=True)
-        do("click", bid=_bid(env, prefix=f"{p.name} - "))
+        await do("type", bid=_bid(env, field="search"), text=f"{p.color} {p.noun}", press_enter=True)
+        await do("click", bid=_bid(env, prefix=f"{p.name} - "))
 
     goal = task.goal
     if goal["type"] == "answer":
-        open_product(goal["product_id"])
+        await open_product(goal["product_id"])
         p = env.site.by_id[goal["product_id"]]
         actions.append(MessageAction(content=f"The {p.name} costs {p.price}."))
         return actions
     for pid, qty in goal["items"].items():
-        open_product(pid)
+        await open_product(pid)
         if qty != 1:
-            do("type", bid=_bid(env, field=f"qty:{pid}"), text=str(qty))
-        do("click", bid=_bid(env, name="Add to cart"))
+            await do("type", bid=_bid(env, field=f"qty:{pid}"), text=str(qty))
+        await do("click", bid=_bid(env, name="Add to cart"))
     if goal["type"] == "purchase":
-        do("click", bid=_bid(env, prefix="Cart ("))
-        do("click", bid=_bid(env, name="Checkout"))
+        await do("click", bid=_bid(env, prefix="Cart ("))
+        await do("click", bid=_bid(env, name="Checkout"))
         for f in CHECKOUT_FIELDS:
-            do("type", bid=_bid(env, field=f"checkout:{f}"), text=goal["shipping"][f])
-        do("click", bid=_bid(env, name="Place order"))
+            await do("type", bid=_bid(env, field=f"checkout:{f}"), text=goal["shipping"][f])
+        await do("click", bid=_bid(env, name="Place order"))
     actions.append(MessageAction(content="Done."))
     return actions

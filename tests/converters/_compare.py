@@ -100,6 +100,52 @@ def available() -> list[str]:
 
 
 def units(name: str, raws: list[Any]) -> list[Any]:
-    """Raw rows -> the records a converter takes (episodes for step-per-row datasets)."""
-    mod = module(name)
-    return list(mod.episodes(raws)) if hasattr(mod, "episodes") else list(raws)
+    """Raw rows -> the records a converter takes (episodes of step rows, items of session lists)."""
+    from converters.registry import get_converter
+
+    return list(get_converter(name).records(raws))
+
+
+def sample_datasets() -> list[str]:
+    """Datasets with a shipped raw sample and ADP's standardized version of it."""
+    return sorted(p.parent.name for p in ADP_DIR.glob("*/sample_raw.json") if (p.parent / "sample_std.json").exists())
+
+
+def assert_matches_adp(name: str, out: list[Any]) -> None:
+    """`out` (our conversion of the dataset's sample_raw.json) equals ADP's sample_std.json step by step
+    (kinds, contents, arguments, observations and thoughts; the normalizations are listed in
+    test_samples.py)."""
+    from converters.adp import from_adp
+
+    stds = [from_adp(s, name) for s in load(ADP_DIR / name / "sample_std.json")]
+    if name == "webarena_successful":
+        std_views = [normalized(s, [])[0] for s in stds]
+        for t in out:
+            assert normalized(t, [])[0] in std_views, t.id
+        return
+    if name == "synatra":
+        assert len(out) == len(stds)
+        pairs = list(zip(out, stds))
+    elif name == "turkingbench":
+        first: dict[str, Any] = {}
+        for s in stds:
+            first.setdefault(s.provenance.source_id, s)
+        assert {t.provenance.source_id for t in out} == set(first)
+        pairs = [(t, first[t.provenance.source_id]) for t in out]
+    else:
+        by_id: dict[str, list[Any]] = {}
+        for s in stds:
+            by_id.setdefault(s.provenance.source_id, []).append(s)
+        pairs = [(t, by_id[t.provenance.source_id].pop(0)) for t in out if by_id.get(t.provenance.source_id)]
+        assert len(pairs) == len(stds), "every standardized record has a converted counterpart"
+    for ours, std in pairs:
+        syn = ours.details.get("synthetic_steps", [])
+        a, ta = normalized(ours, syn)
+        b, tb = normalized(std, syn)
+        if name == "nnetnav-wa":
+            n = len(b) - 1
+            a, ta = a[:1] + a[len(a) - n :], ta[:1] + ta[len(ta) - n :]
+        assert len(a) == len(b), ours.id
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert x == y, f"{ours.id} step {i}:\n ours {json.dumps(x)[:300]}\n std  {json.dumps(y)[:300]}"
+        assert ta == tb, ours.id

@@ -72,7 +72,7 @@ def test_xlam_fc() -> None:
 def test_apigen_mt() -> None:
     conv = module("apigen_mt").convert
     t, u = (conv(r) for r in _records("apigen_mt"))
-    assert t.id.startswith("apigen_mt/sha256:") and t.provenance.source_id is None
+    assert t.id.startswith("apigen_mt/xxh3:") and t.provenance.source_id is None
     kinds = [(s.kind, getattr(s, "source", None)) for s in t.steps]
     assert kinds == [("text", "environment"), ("text", "user"), ("message", None), ("text", "user"),
                      ("api", None), ("text", "environment"), ("api", None), ("text", "environment"), ("message", None)]

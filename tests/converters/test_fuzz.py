@@ -9,7 +9,6 @@ hypothesis strategy splices arbitrary JSON-like values into records.
 from __future__ import annotations
 
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,11 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _compare import ADP_DIR, FIXTURES, available, load, module, units
+from _fuzz import DROP, value_paths, replaced, mutated
 from converters.errors import ConversionError
 from schemas.models import Trajectory
 
 N_MUTATIONS = 500
-HUGE = "x" * 1_000_000
 # keys a converter reads the record id from (first readable wins)
 ID_KEYS = {
     "llava_plus": ("unique_id",), "android_in_the_wild": ("episode_id",),
@@ -47,69 +46,6 @@ def seeds(name: str) -> list[Any]:
     # keep the seeds small: big SWE samples make 500 mutations slow without adding coverage
     recs = sorted(recs, key=lambda r: len(json.dumps(r)))[:3]
     return recs
-
-
-def _paths(obj: Any, prefix: tuple = (), depth: int = 0, out: list | None = None) -> list[tuple]:
-    out = [] if out is None else out
-    out.append(prefix)
-    if depth > 6:
-        return out
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _paths(v, prefix + (k,), depth + 1, out)
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj[:8]):
-            _paths(v, prefix + (i,), depth + 1, out)
-    return out
-
-
-def _get(obj: Any, path: tuple) -> Any:
-    for p in path:
-        obj = obj[p]
-    return obj
-
-
-def _set(obj: Any, path: tuple, fn) -> Any:
-    """A copy of `obj` with the value at `path` replaced by fn(old) (a _DROP result deletes it)."""
-    if not path:
-        return fn(obj)
-    head, rest = path[0], path[1:]
-    copy = dict(obj) if isinstance(obj, dict) else list(obj)
-    new = _set(copy[head], rest, fn)
-    if new is _DROP:
-        del copy[head]
-    else:
-        copy[head] = new
-    return copy
-
-
-_DROP = object()
-_GARBAGE = [None, 0, -1, 1.5, True, "", "garbage", [], {}, [None], {"a": {"b": [1, "x", None]}}, [[[]]],
-            "\ud800", b"\xff\xfe", "{\"name\": \"trunc", float("nan"), 10**30]
-
-
-def mutate(value: Any, rng: random.Random) -> Any:
-    op = rng.randrange(9)
-    if op == 0:
-        return _DROP
-    if op == 1:
-        return rng.choice(_GARBAGE)
-    if op == 2 and isinstance(value, str):
-        return value[: rng.randrange(len(value) + 1)]
-    if op == 3:
-        return HUGE if not isinstance(value, str) else value + HUGE[: rng.choice([10, 1_000_000])]
-    if op == 4 and isinstance(value, str):
-        cut = rng.randrange(len(value) + 1)
-        return value[:cut] + rng.choice(["\ud800", "\udfff", "\x00", "\ufffe"]) + value[cut:]
-    if op == 5:
-        return None
-    if op == 6:
-        return {"nested": [value, {"x": None}], "k": rng.choice(_GARBAGE)}
-    if op == 7 and isinstance(value, (list, dict)) and value:
-        return [] if isinstance(value, list) else {}
-    if op == 8 and isinstance(value, str) and value[:1] in "[{":
-        return value[: max(1, len(value) // 2)]  # truncated JSON string
-    return rng.choice(_GARBAGE)
 
 
 def readable_ids(name: str, record: Any) -> list[str]:
@@ -152,22 +88,10 @@ def check(name: str, conv, record: Any) -> str:
 @pytest.mark.parametrize("name", available())
 def test_mutations_raise_only_conversion_error(name: str) -> None:
     conv = module(name).convert
-    rng = random.Random(f"fuzz/{name}")
     base = seeds(name)
     assert base
-    paths = [_paths(r) for r in base]
     outcomes = {"ok": 0, "error": 0}
-    for i in range(N_MUTATIONS):
-        k = rng.randrange(len(base))
-        record = base[k]
-        for _ in range(rng.choice([1, 1, 1, 2, 3])):
-            path = rng.choice(paths[k])
-            try:
-                record = _set(record, path, lambda v: mutate(v, rng))
-            except (KeyError, IndexError, TypeError):
-                continue  # path no longer exists after an earlier mutation
-            if record is _DROP:
-                record = None
+    for record in mutated(base, N_MUTATIONS, f"fuzz/{name}"):
         outcomes[check(name, conv, record)] += 1
     assert outcomes["error"] > 0
 
@@ -186,10 +110,10 @@ def test_hypothesis_splices(data) -> None:
     name = data.draw(st.sampled_from(names))
     base = seeds(name)
     record = data.draw(st.sampled_from(base))
-    path = data.draw(st.sampled_from(_paths(record)))
+    path = data.draw(st.sampled_from(value_paths(record)))
     value = data.draw(json_values)
-    record = _set(record, path, lambda _: value)
-    check(name, module(name).convert, None if record is _DROP else record)
+    record = replaced(record, path, lambda _: value)
+    check(name, module(name).convert, None if record is DROP else record)
 
 
 def test_whole_record_garbage() -> None:

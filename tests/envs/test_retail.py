@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
 
-from envs.base import Task
+from envs.base import Task, said_to_user
 from envs.retail.data import generate_world
 from envs.retail.db import GOAL_TABLES
 from envs.retail.env import RetailEnv
@@ -20,11 +22,19 @@ from schemas.models import ApiAction, CodeAction, MessageAction, TextObservation
 SEED = 0
 
 
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
 @pytest.fixture
 def env() -> Iterator[RetailEnv]:
     e = RetailEnv(seed=SEED)
     yield e
-    e.close()
+    run(e.close())
+
+
+def reward(env: RetailEnv) -> float:
+    return run(env.evaluate()).reward
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +47,7 @@ def _task(tasks: list[Task], kind: str) -> Task:
 
 
 def call(env: RetailEnv, function: str, **arguments: object):
-    return env.step(ApiAction(function=function, arguments=arguments))
+    return run(env.step(ApiAction(function=function, arguments=arguments)))
 
 
 def _hash(env: RetailEnv) -> str:
@@ -59,7 +69,7 @@ def test_tools_have_valid_json_schemas(env: RetailEnv) -> None:
 
 
 def test_lookup_tools_return_data(env: RetailEnv, tasks: list[Task]) -> None:
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     user = env.db.one("SELECT * FROM users ORDER BY user_id")
     r = call(env, "find_user_id_by_email", email=user["email"].upper())
     assert r.observation.content == user["user_id"] and not r.info
@@ -93,9 +103,9 @@ def test_lookup_tools_return_data(env: RetailEnv, tasks: list[Task]) -> None:
 )
 def test_invalid_calls_are_refused_with_reason(env: RetailEnv, tasks: list[Task], function: str, arguments: dict,
                                                expected: str) -> None:
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     before = _hash(env)
-    r = env.step(ApiAction(function=function, arguments=arguments))
+    r = run(env.step(ApiAction(function=function, arguments=arguments)))
     assert expected in r.info["error"]
     assert isinstance(r.observation, TextObservation) and r.observation.content.startswith("Error:")
     assert expected in r.observation.content and not r.done
@@ -103,7 +113,7 @@ def test_invalid_calls_are_refused_with_reason(env: RetailEnv, tasks: list[Task]
 
 
 def test_business_rules_refuse_and_leave_state_unchanged(env: RetailEnv, tasks: list[Task]) -> None:
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     before = _hash(env)
     delivered, pending = _order(env, "delivered"), _order(env, "pending")
     r = call(env, "cancel_pending_order", order_id=delivered["order_id"], reason="no longer needed")
@@ -130,7 +140,7 @@ def test_business_rules_refuse_and_leave_state_unchanged(env: RetailEnv, tasks: 
 
 
 def test_cancel_changes_status_and_refunds(env: RetailEnv, tasks: list[Task]) -> None:
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     pending = _order(env, "pending")
     r = call(env, "cancel_pending_order", order_id=pending["order_id"], reason="ordered by mistake")
     assert not r.info
@@ -143,7 +153,7 @@ def test_cancel_changes_status_and_refunds(env: RetailEnv, tasks: list[Task]) ->
 
 
 def test_gift_card_refund_increases_balance(env: RetailEnv, tasks: list[Task]) -> None:
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     row = env.db.one("SELECT o.order_id, p.payment_method_id, p.balance_cents FROM orders o JOIN payment_methods p "
                      "USING (payment_method_id) WHERE o.status = 'pending' AND p.source = 'gift_card' ORDER BY 1")
     if row is None:
@@ -156,51 +166,52 @@ def test_gift_card_refund_increases_balance(env: RetailEnv, tasks: list[Task]) -
 
 # --- reward --------------------------------------------------------------------------------------
 def _finish(env: RetailEnv, task: Task, text: str = ""):
-    return env.step(MessageAction(content=f"{text} Is there anything else I can help you with?"))
+    return run(env.step(MessageAction(content=f"{text} Is there anything else I can help you with?")))
 
 
 @pytest.mark.parametrize("kind", ["cancel", "modify_address", "modify_items", "return", "exchange", "user_address",
                                   "order_total"])
 def test_reference_actions_earn_reward_one(env: RetailEnv, tasks: list[Task], kind: str) -> None:
     task = _task(tasks, kind)
-    obs = env.reset(task)
+    (obs,) = run(env.reset(task))
     assert obs.source == "user" and obs.content == task.instruction
     for a in task.goal["actions"]:
-        r = env.step(ApiAction(**a))
+        r = run(env.step(ApiAction(**a)))
         assert not r.info and not r.done
     said = f"Your order is {task.goal['outputs'][1]} and its total is ${task.goal['outputs'][0]}." if task.goal["outputs"] else "Done."
     r = _finish(env, task, said)
-    assert r.done and r.reward == 1.0 and env.goal_reached()
+    assert r.done and reward(env) == 1.0 and run(env.evaluate()).success
 
 
 def test_wrong_actions_earn_zero(env: RetailEnv, tasks: list[Task]) -> None:
     task = _task(tasks, "cancel")
-    env.reset(task)
+    run(env.reset(task))
     wrong = dict(task.goal["actions"][-1]["arguments"])
     wrong["reason"] = next(r for r in ("no longer needed", "ordered by mistake") if r != wrong["reason"])
     assert not call(env, "cancel_pending_order", **wrong).info
     r = _finish(env, task, "Cancelled.")
-    assert r.done and r.reward == 0.0
+    assert r.done and reward(env) == 0.0
 
 
 def test_doing_nothing_earns_zero_and_info_task_needs_the_answer(env: RetailEnv, tasks: list[Task]) -> None:
-    env.reset(_task(tasks, "cancel"))
-    assert _finish(env, tasks[0], "Done.").reward == 0.0
+    run(env.reset(_task(tasks, "cancel")))
+    _finish(env, tasks[0], "Done.")
+    assert reward(env) == 0.0
     task = _task(tasks, "order_total")
-    env.reset(task)
+    run(env.reset(task))
     for a in task.goal["actions"]:
-        env.step(ApiAction(**a))
+        run(env.step(ApiAction(**a)))
     r = _finish(env, task, "I looked it up.")
-    assert r.done and r.reward == 0.0
+    assert r.done and reward(env) == 0.0
 
 
 def test_transfer_ends_episode_and_max_steps_truncates(tasks: list[Task]) -> None:
     env = RetailEnv(seed=SEED, max_steps=3)
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     r = call(env, "transfer_to_human_agents", summary="user wants a human")
-    assert r.done and r.observation.content == "Transfer successful" and r.reward == 0.0
+    assert r.done and r.observation.content == "Transfer successful" and reward(env) == 0.0
     assert "episode is over" in call(env, "think", thought="x").info["error"]
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     call(env, "think", thought="a")
     call(env, "think", thought="b")
     r = call(env, "think", thought="c")
@@ -208,8 +219,8 @@ def test_transfer_ends_episode_and_max_steps_truncates(tasks: list[Task]) -> Non
 
 
 def test_code_actions_are_refused(env: RetailEnv, tasks: list[Task]) -> None:
-    env.reset(tasks[0])
-    r = env.step(CodeAction(language="python", content="print(1)"))
+    run(env.reset(tasks[0]))
+    r = run(env.step(CodeAction(language="python", content="print(1)")))
     assert "code actions are not supported" in r.info["error"] and not r.done
 
 
@@ -217,28 +228,28 @@ def test_code_actions_are_refused(env: RetailEnv, tasks: list[Task]) -> None:
 def test_simulated_user_answers_from_hidden_info(env: RetailEnv, tasks: list[Task]) -> None:
     task = _task(tasks, "cancel")
     info = task.metadata["user_info"]
-    env.reset(task)
-    r = env.step(MessageAction(content="Could you give me your email address?"))
+    run(env.reset(task))
+    r = run(env.step(MessageAction(content="Could you give me your email address?")))
     assert info["email"] in r.observation.content and r.observation.source == "user" and not r.done
-    r = env.step(MessageAction(content="Which order id, and what is the reason?"))
+    r = run(env.step(MessageAction(content="Which order id, and what is the reason?")))
     assert info["order_id"] in r.observation.content and info["reason"] in r.observation.content
-    r = env.step(MessageAction(content="Please confirm (yes/no) that I should proceed."))
+    r = run(env.step(MessageAction(content="Please confirm (yes/no) that I should proceed.")))
     assert "Yes" in r.observation.content
-    r = env.step(MessageAction(content="Hmm."))
+    r = run(env.step(MessageAction(content="Hmm.")))
     assert task.instruction in r.observation.content
-    r = env.step(MessageAction(content="Your order has been cancelled. Anything else?"))
+    r = run(env.step(MessageAction(content="Your order has been cancelled. Anything else?")))
     assert r.done and "###STOP###" in r.observation.content
 
 
 # --- snapshot / restore --------------------------------------------------------------------------
 def test_snapshot_restore_branches(env: RetailEnv, tasks: list[Task]) -> None:
     task = _task(tasks, "cancel")
-    env.reset(task)
+    run(env.reset(task))
     order_id = task.goal["actions"][-1]["arguments"]["order_id"]
     root, root_hash = env.snapshot(), _hash(env)
 
     call(env, "cancel_pending_order", order_id=order_id, reason="no longer needed")
-    env.step(MessageAction(content="Working on it."))
+    run(env.step(MessageAction(content="Working on it.")))
     branch_a, hash_a = env.snapshot(), _hash(env)
     assert hash_a != root_hash
 
@@ -250,21 +261,22 @@ def test_snapshot_restore_branches(env: RetailEnv, tasks: list[Task]) -> None:
     assert hash_b not in (root_hash, hash_a)
 
     env.restore(branch_a)
-    assert _hash(env) == hash_a and env._ep.messages == ("Working on it.",) and env._ep.steps == 2
+    assert _hash(env) == hash_a and said_to_user(env.history) == "Working on it." and len(env.history) == 5
     env.restore(root)
     env.restore(root)  # restoring twice from one snapshot gives the same state
-    assert _hash(env) == root_hash and env._ep.steps == 0
+    assert _hash(env) == root_hash and len(env.history) == 1
     # Finishing the right branch earns the reward; the snapshot is still reusable afterwards.
     env.restore(root)
     for a in task.goal["actions"]:
-        env.step(ApiAction(**a))
-    assert _finish(env, task).reward == 1.0
+        run(env.step(ApiAction(**a)))
+    _finish(env, task)
+    assert reward(env) == 1.0
     env.restore(branch_a)
     assert not env.done and _hash(env) == hash_a
 
 
 def test_snapshots_survive_refused_calls_and_copies_are_freed(env: RetailEnv, tasks: list[Task]) -> None:
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     pending = _order(env, "pending")
     root = env.snapshot()
     for _ in range(30):
@@ -278,12 +290,12 @@ def test_snapshots_survive_refused_calls_and_copies_are_freed(env: RetailEnv, ta
 
 def test_snapshot_restore_is_fast(env: RetailEnv, tasks: list[Task]) -> None:
     task = _task(tasks, "cancel")
-    env.reset(task)
+    run(env.reset(task))
     root = env.snapshot()
     cancel = ApiAction(**task.goal["actions"][-1])
     snaps, restores = [], []
     for _ in range(30):
-        env.step(cancel)
+        run(env.step(cancel))
         t0 = time.perf_counter()
         env.snapshot()
         t1 = time.perf_counter()
@@ -316,7 +328,8 @@ def test_generated_tasks_are_distinct() -> None:
 def test_task_world_seed_overrides_env_seed(tasks: list[Task]) -> None:
     env = RetailEnv(seed=5)
     task = _task(tasks, "cancel")  # made for world 0
-    env.reset(task)
+    run(env.reset(task))
     for a in task.goal["actions"]:
-        assert not env.step(ApiAction(**a)).info
-    assert _finish(env, task).reward == 1.0
+        assert not run(env.step(ApiAction(**a))).info
+    _finish(env, task)
+    assert reward(env) == 1.0

@@ -62,23 +62,23 @@ def test_tool_mode_validation_stop_marker_judge_and_snapshot():
         llm = make_llm(_cfg(server.base_url))
         env = make_env("simulated", tools=[BOOK], policy=POLICY, llm=llm, seeds=[tool_trajectory(0)])
         assert isinstance(env, SimulatedEnv) and [t.name for t in env.tools()] == ["book_flight"]
-        first = await env.areset(TASK)
+        first = (first,) = await env.reset(TASK)
         assert first.source == "user" and first.content == TASK.instruction
         assert server.log == []  # the first user turn is the instruction: no model call
 
         # Arguments that fail the schema / an unknown tool / code: error observations, no model call.
-        bad = await env.astep(ApiAction(function="book_flight", arguments={"flight": "AF12", "seats": "two"},
+        bad = await env.step(ApiAction(function="book_flight", arguments={"flight": "AF12", "seats": "two"},
                                         tool_call_id="c0"))
         assert bad.observation.content.startswith("Error: argument 'seats' must be of type integer")
         assert bad.info["error"] and not bad.done and bad.observation.tool_call_id == "c0"
-        unknown = await env.astep(ApiAction(function="cancel_all", arguments={}))
+        unknown = await env.step(ApiAction(function="cancel_all", arguments={}))
         assert "unknown tool 'cancel_all'" in unknown.observation.content
-        code = await env.astep(CodeAction(language="python", content="print(1)"))
+        code = await env.step(CodeAction(language="python", content="print(1)"))
         assert "code actions are not supported" in code.observation.content
         assert server.log == []
 
         before = env.snapshot()
-        ok = await env.astep(ApiAction(function="book_flight", arguments={"flight": "AF12", "seats": 2},
+        ok = await env.step(ApiAction(function="book_flight", arguments={"flight": "AF12", "seats": 2},
                                        tool_call_id="c1"))
         assert ok.observation.content == '{"booking": "B-1", "seats": 2}' and not ok.done
         assert ok.observation.name == "book_flight" and ok.observation.tool_call_id == "c1"
@@ -87,20 +87,20 @@ def test_tool_mode_validation_stop_marker_judge_and_snapshot():
         assert '"user_name": "Ana"' in _prompt(sent)  # hidden task info for the simulated user
         assert sent["response_format"]["type"] == "json_schema"
 
-        bye = await env.astep(MessageAction(content="Booked B-1 for you."))
+        bye = await env.step(MessageAction(content="Booked B-1 for you."))
         assert bye.done and bye.observation.source == "user" and "###STOP###" in bye.observation.content
-        after = await env.astep(MessageAction(content="anything else?"))
+        after = await env.step(MessageAction(content="anything else?"))
         assert after.done and after.info["error"] == "the episode is over"
-        assert await env.aevaluate() == 1.0 and env.evaluate() == 1.0
-        assert env.judgement == {"reward": 1.0, "reasoning": "booked"}
+        verdict = await env.evaluate()
+        assert verdict.reward == 1.0 and verdict.success and verdict.reason == "booked"
         calls = len(server.log)
-        assert await env.aevaluate() == 1.0 and len(server.log) == calls  # judged once per history
+        assert (await env.evaluate()).reward == 1.0 and len(server.log) == calls  # judged once per history
 
         # Restore: back before the booking, any number of times; the judge sees that history.
         end = env.snapshot()
         env.restore(before)
         assert not env.done and len(env.history) == 7
-        assert await env.aevaluate() == 0.0
+        assert (await env.evaluate()).reward == 0.0
         env.restore(before)
         env.restore(end)
         assert env.done and len(env.history) == 11
@@ -112,27 +112,21 @@ def test_tool_mode_validation_stop_marker_judge_and_snapshot():
         asyncio.run(main(server))
 
 
-def test_done_flag_max_steps_sync_api_and_bad_answers():
+def test_done_flag_max_steps_and_bad_answers():
     async def main(server: FakeServer) -> None:
         # An LLM config instead of an instance: the env makes (and closes) its own client.
         env = SimulatedEnv(tools=[BOOK], policy=POLICY, llm=_cfg(server.base_url), max_steps=2)
-        with pytest.raises(RuntimeError, match="areset"):
-            env.reset(TASK)
-        with pytest.raises(RuntimeError, match="astep"):
-            env.step(MessageAction(content="hi"))
-        await env.areset(TASK)
-        with pytest.raises(RuntimeError, match="aevaluate"):
-            env.evaluate()
-        first = await env.astep(MessageAction(content="Which flight?"))
+        await env.reset(TASK)
+        first = await env.step(MessageAction(content="Which flight?"))
         assert first.done is False
-        second = await env.astep(MessageAction(content="Still there?"))
+        second = await env.step(MessageAction(content="Still there?"))
         assert second.done and second.info["truncated"]
-        await env.areset(TASK.model_copy(update={"instruction": "DONE NOW"}))
-        assert (await env.astep(MessageAction(content="ok"))).done  # the model's done flag ends it
-        await env.areset(TASK.model_copy(update={"instruction": "GARBAGE"}))
+        await env.reset(TASK.model_copy(update={"instruction": "DONE NOW"}))
+        assert (await env.step(MessageAction(content="ok"))).done  # the model's done flag ends it
+        await env.reset(TASK.model_copy(update={"instruction": "GARBAGE"}))
         with pytest.raises(SimulationError, match="ToolTurn"):
-            await env.astep(MessageAction(content="ok"))
-        await env.aclose()
+            await env.step(MessageAction(content="ok"))
+        await env.close()
 
     def rule(body: dict):
         prompt = _prompt(body)
@@ -154,20 +148,20 @@ def test_web_mode_pages_and_tasks():
         assert [t.id for t in tasks] == ["simulated-s1-0000", "simulated-s1-0001", "simulated-s1-0002"]
         assert {t.instruction for t in tasks} == {"Buy a mug.", "Open the cart."}
         assert env.generate_tasks(3, seed=1) == tasks
-        start = await env.areset(tasks[0])
-        assert start.kind == "web" and start.url == "http://shop/" and json.loads(start.axtree)["title"] == "Shop"
-        page = await env.astep(ApiAction(function="click", arguments={"bid": "1"}, tool_call_id="c1"))
+        request, start = await env.reset(tasks[0])
+        assert request.content == "Buy a mug." and start.kind == "web" and start.url == "http://shop/" and json.loads(start.axtree)["title"] == "Shop"
+        page = await env.step(ApiAction(function="click", arguments={"bid": "1"}, tool_call_id="c1"))
         assert page.observation.kind == "web" and page.observation.url == "http://shop/mugs"
         assert page.observation.tool_call_id == "c1" and not page.done
         assert "PAGE http://shop/" in _prompt(server.log[-1]["body"])  # the history shows the earlier page
         n = len(server.log)
-        bad = await env.astep(ApiAction(function="click", arguments={}))
+        bad = await env.step(ApiAction(function="click", arguments={}))
         assert "missing required argument 'bid'" in bad.observation.content and len(server.log) == n
-        end = await env.astep(MessageAction(content="I bought the mug."))
+        end = await env.step(MessageAction(content="I bought the mug."))
         assert end.done and end.info["answer"] == "I bought the mug." and len(server.log) == n
         # A start page given in the config needs no model call.
         fixed = SimulatedEnv(mode="web", llm=llm, start_page={"url": "http://x/", "axtree": '{"title": "x", "elements": []}'})
-        assert (await fixed.areset(tasks[0])).url == "http://x/" and len(server.log) == n
+        assert (await fixed.reset(tasks[0]))[1].url == "http://x/" and len(server.log) == n
         with pytest.raises(NotImplementedError):
             fixed.generate_tasks(1)
         await llm.aclose()
@@ -185,8 +179,8 @@ def test_config_errors():
     assert openai_style.tools()[0].name == "book_flight"
 
     async def talk() -> None:
-        await openai_style.areset(TASK)
-        await openai_style.astep(MessageAction(content="hi"))
+        await openai_style.reset(TASK)
+        await openai_style.step(MessageAction(content="hi"))
 
     with pytest.raises(ValueError, match="needs llm"):
         asyncio.run(talk())

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
+from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -21,15 +24,23 @@ def tasks() -> list[Task]:
     return generate_tasks(9, seed=0, catalog_seed=0)
 
 
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def reward(env: WebShopEnv) -> float:
+    return run(env.evaluate()).reward
+
+
 @pytest.fixture
 def env(tasks: list[Task]) -> WebShopEnv:
     e = WebShopEnv(seed=0)
-    e.reset(tasks[0])
+    run(e.reset(tasks[0]))
     return e
 
 
 def act(env: WebShopEnv, function: str, **arguments: object):
-    return env.step(ApiAction(function=function, arguments=arguments))
+    return run(env.step(ApiAction(function=function, arguments=arguments)))
 
 
 def elements(obs: WebObservation) -> list[dict]:
@@ -49,9 +60,9 @@ def test_tools_have_valid_json_schemas(env: WebShopEnv) -> None:
 
 def test_reset_shows_home_page_with_element_list(tasks: list[Task]) -> None:
     env = WebShopEnv(seed=0)
-    obs = env.reset(tasks[0])
+    request, obs = run(env.reset(tasks[0]))
     assert isinstance(obs, WebObservation) and obs.url == "http://shop.local/"
-    assert obs.extra["instruction"] == tasks[0].instruction
+    assert request.source == "user" and request.content == tasks[0].instruction
     tree = json.loads(obs.axtree)
     assert tree["title"] == "Shop - Home" and "<html>" in obs.html
     for el in tree["elements"]:
@@ -103,8 +114,8 @@ def test_scroll_moves_the_viewport(env: WebShopEnv) -> None:
     ],
 )
 def test_invalid_actions_are_refused(env: WebShopEnv, function: str, arguments: dict, expected: str) -> None:
-    before = env.snapshot().payload[1]
-    r = env.step(ApiAction(function=function, arguments=arguments))
+    before = copy.deepcopy(env.browser)
+    r = run(env.step(ApiAction(function=function, arguments=arguments)))
     assert expected in r.info["error"] and r.observation.content.startswith("Error:") and not r.done
     assert env.browser == before
 
@@ -112,7 +123,7 @@ def test_invalid_actions_are_refused(env: WebShopEnv, function: str, arguments: 
 def test_non_clickable_and_code_actions_refused(env: WebShopEnv) -> None:
     heading = next(e["bid"] for e in elements(env.observe()) if e["role"] == "heading")
     assert "not clickable" in act(env, "click", bid=heading).info["error"]
-    assert "not supported" in env.step(CodeAction(language="python", content="1")).info["error"]
+    assert "not supported" in run(env.step(CodeAction(language="python", content="1"))).info["error"]
 
 
 def test_checkout_requires_fields(env: WebShopEnv) -> None:
@@ -129,19 +140,19 @@ def test_checkout_requires_fields(env: WebShopEnv) -> None:
 def test_reference_solutions_earn_reward_one(tasks: list[Task], index: int) -> None:
     task = tasks[index]
     env = WebShopEnv(seed=0)
-    env.reset(task)
-    actions = reference_actions(task)
+    run(env.reset(task))
+    actions = run(reference_actions(task))
     for a in actions[:-1]:
-        r = env.step(a)
+        r = run(env.step(a))
         assert not r.info and not r.done
-    r = env.step(actions[-1])
-    assert r.done and r.reward == 1.0 and env.goal_reached()
+    r = run(env.step(actions[-1]))
+    assert r.done and reward(env) == 1.0 and run(env.evaluate()).success
 
 
 def test_wrong_outcomes_earn_zero(tasks: list[Task]) -> None:
     env = WebShopEnv(seed=0)
     purchase = next(t for t in tasks if t.metadata["kind"] == "purchase")
-    env.reset(purchase)
+    run(env.reset(purchase))
     (pid, qty), = purchase.goal["items"].items()
     wrong = next(p for p in env.site.catalog if p.product_id != pid)
     act(env, "goto", url=f"/product/{wrong.product_id}")
@@ -150,17 +161,18 @@ def test_wrong_outcomes_earn_zero(tasks: list[Task]) -> None:
     for label, key in (("Full name", "name"), ("Street address", "address"), ("City", "city"), ("Zip code", "zip")):
         act(env, "type", bid=bid(obs, label), text=purchase.goal["shipping"][key])
     act(env, "click", bid=bid(env.observe(), "Place order"))
-    assert env.browser.orders and env.step(MessageAction(content="Bought it.")).reward == 0.0
+    run(env.step(MessageAction(content="Bought it.")))
+    assert env.browser.orders and reward(env) == 0.0
 
     answer = next(t for t in tasks if t.metadata["kind"] == "answer")
-    env.reset(answer)
-    r = env.step(MessageAction(content="It costs $1,000.00."))
-    assert r.done and r.reward == 0.0
+    run(env.reset(answer))
+    r = run(env.step(MessageAction(content="It costs $1,000.00.")))
+    assert r.done and reward(env) == 0.0
 
 
 def test_snapshot_restore_branches(tasks: list[Task]) -> None:
     env = WebShopEnv(seed=0)
-    env.reset(tasks[0])
+    run(env.reset(tasks[0]))
     a, b = env.site.catalog[0], env.site.catalog[1]
     root = env.snapshot()
     act(env, "goto", url=f"/product/{a.product_id}")
@@ -183,6 +195,15 @@ def test_same_seed_same_catalog_and_tasks() -> None:
     a, b = generate_tasks(6, seed=2, catalog_seed=3), generate_tasks(6, seed=2, catalog_seed=3)
     assert [t.model_dump() for t in a] == [t.model_dump() for t in b]
     assert [t.instruction for t in generate_tasks(6, seed=5, catalog_seed=3)] != [t.instruction for t in a]
-    obs1 = WebShopEnv(seed=3).reset(a[0])
-    obs2 = WebShopEnv(seed=3).reset(b[0])
+    obs1 = run(WebShopEnv(seed=3).reset(a[0]))
+    obs2 = run(WebShopEnv(seed=3).reset(b[0]))
     assert obs1 == obs2
+
+
+def test_a_task_opens_on_its_start_page(tasks: list[Task]) -> None:
+    env = WebShopEnv(seed=0)
+    task = tasks[0].model_copy(update={"params": {**tasks[0].params, "start_url": "/search?q=mug"}})
+    opening = run(env.reset(task))
+    assert opening[-1].url == "http://shop.local/search?q=mug" and "mug" in opening[-1].axtree.lower()
+    home = run(env.reset(tasks[0]))
+    assert home[-1].url == "http://shop.local/"

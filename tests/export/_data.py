@@ -81,6 +81,26 @@ def labeled_traj(tid: str = "t-labeled", source: str = "hand") -> Trajectory:
     ])
 
 
+def masked_observation_traj(tid: str = "t-maskobs", source: str = "hand") -> Trajectory:
+    """A loss-masked tool result between two trainable calls: it must never carry loss."""
+    return Trajectory(id=tid, source=source, tools=[WEATHER], success=True, steps=[
+        TextObservation(content="Is it warmer in Oslo or Lima?", source="user"),
+        ApiAction(function="get_weather", arguments={"city": "Oslo", "units": {"temp": "C"}}, thought="TRAINEDOSLO"),
+        TextObservation(content="MASKEDOBS garbled tool output", source="environment", train=False),
+        ApiAction(function="get_weather", arguments={"city": "Lima"}, thought="TRAINEDLIMA"),
+        JsonObservation(content={"temp": 19}),
+        MessageAction(content="TRAINEDANSWER Lima is warmer."),
+        TextObservation(content="###STOP###", source="user"),
+    ])
+
+
+def failed_traj(tid: str = "t-failed", source: str = "hand") -> Trajectory:
+    return Trajectory(id=tid, source=source, success=False, steps=[
+        TextObservation(content="Book a table", source="user"),
+        MessageAction(content="FAILEDMARKER I cannot."),
+    ])
+
+
 def no_assistant_traj(tid: str = "t-empty", source: str = "hand") -> Trajectory:
     return Trajectory(id=tid, source=source, steps=[TextObservation(content="hello?", source="user")])
 
@@ -88,7 +108,7 @@ def no_assistant_traj(tid: str = "t-empty", source: str = "hand") -> Trajectory:
 def branch_pair(pid: str = "p1", source: str = "hand") -> tuple[Pair, Trajectory, Trajectory]:
     """Two trajectories sharing their first 3 steps (user, api, obs)."""
     shared = [
-        TextObservation(content="What is 2+2? Use the calculator.", source="user"),
+        TextObservation(content=f"What is 2+2? Use the calculator. ({pid})", source="user"),
         ApiAction(function="calc", arguments={"expr": "2+2"}, tool_call_id="k1"),
         TextObservation(content="4", source="environment", tool_call_id="k1"),
     ]

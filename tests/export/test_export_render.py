@@ -6,9 +6,15 @@ import json
 
 import pytest
 
-from converters.export.render import RenderOptions, Unrenderable, render, split_at
-from converters.export.tools import openai_tools
-from schemas.models import ApiAction, MessageAction, TextObservation, Trajectory
+import random
+
+import pyarrow as pa
+
+from converters.export.records import Record
+from converters.export.render import RenderOptions, Unrenderable, render, render_batch
+from schemas.arrow import STEP_TYPE, step_to_row
+from schemas.models import (ApiAction, CodeAction, ImageObservation, ImageRef, JsonObservation, MessageAction,
+                            TextObservation, Trajectory, WebObservation)
 from tests.export import _data
 
 
@@ -97,27 +103,95 @@ def test_unrenderable_reasons():
         render(Trajectory(id="e", source="s"))
 
 
-def test_breaks_keep_a_split_point_on_a_message_boundary():
-    traj = _data.tool_traj()
-    before, after = split_at(render(traj, breaks=[5]), 5)
-    assert [c["id"] for c in before[-2].message["tool_calls"]] == ["call_4"]
-    assert before[-1].message == {"role": "tool", "content": "", "tool_call_id": "call_4"}
-    assert after[0].message["tool_calls"][0]["id"] == "call_5"
+def test_an_api_action_after_a_message_joins_it_and_unanswered_calls_are_answered_in_order():
+    traj = Trajectory(id="x", source="s", steps=[
+        TextObservation(content="go", source="user"),
+        MessageAction(content="Let me check.", thought="plan"),
+        ApiAction(function="a", arguments={}, thought="first", reasoning="r1"),
+        ApiAction(function="b", arguments={}, reasoning="r2"),
+        ApiAction(function="c", arguments={}, train=False),  # another mask: a message of its own
+        TextObservation(content="from a", source="environment"),
+        MessageAction(content="done"),
+    ])
+    msgs = _msgs(traj)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool", "assistant", "tool", "assistant"]
+    assert msgs[1]["content"] == "plan\n\nLet me check.\n\nfirst" and msgs[1]["reasoning_content"] == "r1\n\nr2"
+    assert [c["function"]["name"] for c in msgs[1]["tool_calls"]] == ["a", "b"]
+    # The calls still pending when the next assistant message starts get empty answers, in call order;
+    # the observation then answers the call that is pending.
+    assert [(m["tool_call_id"], m["content"]) for m in msgs if m["role"] == "tool"] == [
+        ("call_2", ""), ("call_3", ""), ("call_4", "from a")]
+    turns = render(traj)
+    assert (turns[1].first_step, turns[1].last_step, turns[4].train) == (1, 3, False)
 
 
 def test_tools_declared_then_called_but_undeclared():
-    tools = openai_tools(_data.tool_traj())
+    tools = Record.of(_data.tool_traj()).openai_tools()
     assert tools[0] == {"type": "function", "function": {
         "name": "get_weather", "description": "Weather for a city", "parameters": _data.WEATHER.parameters}}
-    assert tools[1] == {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    assert tools[1] == {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object",
+                                                                                          "properties": {}}}}
 
 
-def test_every_adp_sample_renders_or_has_a_reason(adp_dir):
-    for traj in _data.adp_trajectories(adp_dir):
-        try:
-            turns = render(traj)
-        except Unrenderable:
-            continue
-        calls = {c["id"] for t in turns for c in t.message.get("tool_calls") or []}
-        answered = [t.message["tool_call_id"] for t in turns if t.role == "tool"]
-        assert set(answered) <= calls and len(answered) == len(set(answered))
+def _random_trajectory(rng: random.Random, i: int) -> Trajectory:
+    steps = []
+    for k in range(rng.randint(0, 10)):
+        c, train = rng.random(), rng.random() > 0.15
+        if c < 0.3:
+            steps.append(ApiAction(function=rng.choice("fg"), arguments={"a": k}, thought=rng.choice([None, "", "t"]),
+                                   reasoning=rng.choice([None, "r"]), tool_call_id=rng.choice([None, "", "x", "y"]),
+                                   train=train))
+        elif c < 0.45:
+            steps.append(rng.choice([CodeAction(language="py", content="x", thought=rng.choice([None, "t"]), train=train),
+                                     MessageAction(content="m", thought=rng.choice([None, "", "t"]), train=train)]))
+        elif c < 0.85:
+            steps.append(TextObservation(content=f"o{k}", source=rng.choice(["user", "agent", "environment"]),
+                                         name=rng.choice([None, "system"]), tool_call_id=rng.choice([None, "x", "y"]),
+                                         train=train))
+        else:
+            steps.append(rng.choice([JsonObservation(content={"k": k}), ImageObservation(image=ImageRef(path="p.png")),
+                                     WebObservation(url="http://u", axtree="tree", screenshot=ImageRef(path="s.png"))]))
+    return Trajectory(id=f"r{i}", source="s", steps=steps)
+
+
+def _steps(trajectories: list[Trajectory]) -> pa.ListArray:
+    """Model steps as a `list<step>` column, free-form values as `json.dumps` text (as `render` writes them)."""
+    rows = []
+    for traj in trajectories:
+        steps = []
+        for step in traj.steps:
+            row = step_to_row(step)
+            if step.kind == "api":
+                row["arguments"] = json.dumps(step.arguments, ensure_ascii=False)
+            elif step.kind == "json":
+                row["content"] = json.dumps(step.content, ensure_ascii=False)
+            steps.append(row)
+        rows.append(steps)
+    return pa.array(rows, pa.list_(STEP_TYPE))
+
+
+def test_render_and_render_batch_are_one_set_of_rules(adp_dir):
+    """`render` (one trajectory, step by step) and `render_batch` (column-wise, many at once) must
+    give the same messages, masks and step ranges; a trajectory must also come out the same
+    whatever its neighbours in the batch are."""
+    rng = random.Random(7)
+    trajectories = [_random_trajectory(rng, i) for i in range(1500)]
+    trajectories += [_data.tool_traj(), _data.masked_traj(), _data.interleaved_traj(), _data.labeled_traj(),
+                     _data.masked_observation_traj(), *_data.adp_trajectories(adp_dir)]
+    for opts in (RenderOptions(web_max_chars=3), RenderOptions(reasoning=False)):
+        batch = render_batch(_steps(trajectories), opts)
+        for r, traj in enumerate(trajectories):
+            try:
+                turns = render(traj, opts)
+            except Unrenderable as exc:
+                assert batch.errors[r] == str(exc), traj.id
+                continue
+            conv = batch.conversation(r)
+            assert conv.messages() == [t.message for t in turns], traj.id
+            assert [conv.steps(k) for k in range(len(conv))] == [
+                range(t.first_step, t.last_step + 1) if t.first_step >= 0 else range(0) for t in turns]
+            assert [conv.train(k) for k in range(len(conv))] == [t.is_assistant and t.train for t in turns]
+    alone = render_batch(_steps(trajectories[:50]), RenderOptions())
+    for r in range(50):
+        one = render_batch(_steps(trajectories[r:r + 1]), RenderOptions())
+        assert (one.errors[0] or one.conversation(0).messages()) == (alone.errors[r] or alone.conversation(r).messages())

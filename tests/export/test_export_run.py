@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 from converters.export import ExportConfig, export
 from converters.export import writer as writer_mod
 from converters.export.mix import MixError, copies, parse_mix
-from converters.export.run import ExportError
+from converters.export.run import FAILED, MASKED_IN_MESSAGES, ExportError
 from flows.cli import app
 from schemas.store import Dataset, StoreError
 from tests.export import _data
@@ -54,15 +55,22 @@ def test_every_format_is_a_loadable_hf_dataset_with_a_card(hand_dataset, tmp_pat
     assert "approximate" in card.lower() and "## Source mix" in card and "input records" in card
 
 
-def test_sft_auto_layout_and_skip_reasons(hand_dataset, tmp_path):
+def test_sft_layouts_skip_reasons_and_the_masked_messages_warning(hand_dataset, tmp_path):
     report = export(hand_dataset, tmp_path / "sft", ExportConfig(format="trl-sft"))
-    assert report.sft_layout == "prompt-completion"  # the input has masked steps
-    assert report.skipped == {"no assistant turn": 1}
-    assert report.records_exported == 6 and report.rows == 7  # the interleaved trajectory gives two rows
+    assert report.sft_layout == "prompt-completion"
+    assert report.skipped == {"no assistant turn": 1, FAILED: 2}
+    assert report.records_exported == 4 and report.rows == 5  # the interleaved trajectory gives two rows
     rows = _load(tmp_path / "sft")
     assert set(rows.column_names) == {"id", "source", "segment", "prompt", "completion", "tools"}
+    assert rows.features["completion"].feature["tool_calls"].feature["function"]["arguments"] == datasets.Json()
+    assert not report.notes
     report = export(hand_dataset, tmp_path / "sft-msg", ExportConfig(format="trl-sft", sft_layout="messages"))
-    assert report.skipped == {"no assistant turn": 1, "masked steps need the prompt-completion layout": 2}
+    assert report.skipped == {"no assistant turn": 1, FAILED: 2} and report.rows == 4
+    assert report.notes == {MASKED_IN_MESSAGES: 2}  # kept with train=false flags, and said so
+    card = (tmp_path / "sft-msg" / "README.md").read_text()
+    assert MASKED_IN_MESSAGES in card and "SFTConfig(assistant_only_loss=True, max_length=None)" in card
+    report = export(hand_dataset, tmp_path / "sft-all", ExportConfig(format="trl-sft", include_failed=True))
+    assert report.skipped == {"no assistant turn": 1} and report.records_exported == 6
 
 
 def test_dpo_joins_pairs_and_counts_missing_trajectories(tmp_path):
@@ -80,7 +88,7 @@ def test_dpo_joins_pairs_and_counts_missing_trajectories(tmp_path):
 def test_openai_jsonl_lines(hand_dataset, tmp_path):
     report = export(hand_dataset, tmp_path / "oa", ExportConfig(format="openai"))
     lines = [json.loads(x) for x in report.files[0].read_text().splitlines()]
-    assert len(lines) == report.rows == 6
+    assert len(lines) == report.rows == 4
     assert all(set(line) <= {"messages", "tools"} for line in lines)
     weights = [m["weight"] for line in lines for m in line["messages"] if m["role"] == "assistant"]
     assert set(weights) == {0, 1} and weights.count(0) == 2
@@ -99,15 +107,16 @@ def test_multi_shard_export(adp_dataset, tmp_path):
     assert report.records_in == Dataset.open(adp_dataset).count()
 
 
-def test_export_streams_rows_out_before_the_input_is_exhausted(adp_dataset, tmp_path, monkeypatch):
+def test_export_streams_rows_out_before_the_input_is_exhausted(tmp_path, monkeypatch):
+    src = _data.store(tmp_path / "src", [_data.tool_traj(f"t{i}") for i in range(2000)], max_rows=100)
     read = 0
-    real_iter = Dataset.iter_records
+    real_iter = Dataset.iter_batches
 
     def counting(self, table="trajectories", **kw):
         nonlocal read
-        for record in real_iter(self, table, **kw):
-            read += 1
-            yield record
+        for batch in real_iter(self, table, **kw):
+            read += batch.num_rows
+            yield batch
 
     seen_at_close: list[int] = []
     real_close = writer_mod.ShardWriter._close_shard
@@ -116,24 +125,31 @@ def test_export_streams_rows_out_before_the_input_is_exhausted(adp_dataset, tmp_
         seen_at_close.append(read)
         real_close(self)
 
-    monkeypatch.setattr(Dataset, "iter_records", counting)
+    monkeypatch.setattr(Dataset, "iter_batches", counting)
     monkeypatch.setattr(writer_mod.ShardWriter, "_close_shard", close_shard)
-    report = export(adp_dataset, tmp_path / "out", ExportConfig(format="trl-sft", shard_rows=5))
-    # The first shard was finished when only a fraction of the input had been read.
-    assert seen_at_close[0] < report.records_in / 4
+    report = export(src, tmp_path / "out", ExportConfig(format="trl-sft", shard_rows=50))
+    # The first shard was finished when only a fraction of the input had been read (read-ahead and
+    # the writer's queue hold a few batches, not the input).
+    assert report.rows == 2000 and seen_at_close[0] <= 500
 
 
-def test_writer_buffers_at_most_one_row_group(tmp_path):
-    from converters.export.formats import FORMATS as REG
-    from converters.export.options import FormatOptions
-
-    schema = REG["sharegpt"].schema(FormatOptions())
-    w = writer_mod.ShardWriter(tmp_path, "parquet", schema, shard_rows=100, row_group_rows=10)
-    row = {"id": "a", "source": "s", "conversations": [{"from": "human", "value": "x"}], "system": None, "tools": None}
-    for _ in range(95):
-        w.write(row)
-        assert len(w._buffer) < 10
-    assert [pq.ParquetFile(p).metadata.num_rows for p in w.close()] == [95]
+def test_writer_splits_shards_and_row_groups_and_fails_without_partial_shards(tmp_path):
+    schema = pa.schema([("id", pa.string())])
+    w = writer_mod.ShardWriter(tmp_path / "a", "parquet", schema, shard_rows=40, row_group_rows=10)
+    for start in range(0, 95, 30):
+        w.write_batch(pa.record_batch([pa.array([str(i) for i in range(start, min(start + 30, 95))])], schema=schema))
+    files = w.close()
+    assert [pq.ParquetFile(p).metadata.num_rows for p in files] == [40, 40, 15]
+    assert all(pq.ParquetFile(p).metadata.row_group(g).num_rows <= 10
+               for p in files for g in range(pq.ParquetFile(p).metadata.num_row_groups))
+    assert pq.read_table(tmp_path / "a").column("id").to_pylist() == [str(i) for i in range(95)]
+    w = writer_mod.ShardWriter(tmp_path / "b", "parquet", schema, shard_rows=40)
+    w.write_batch(pa.record_batch([pa.array(["x"])], schema=schema))
+    w.write_batch(pa.record_batch([pa.array([1])], names=["id"]))  # the wrong schema: fails in the writer thread
+    with pytest.raises((ValueError, pa.ArrowInvalid)):
+        w.close()
+    w.abort()
+    assert not list((tmp_path / "b").iterdir())
 
 
 def test_mix_is_deterministic_per_seed_and_excludes_unlisted_sources(tmp_path):
@@ -189,11 +205,17 @@ def test_cli_export_summary_and_one_line_errors(hand_dataset, tmp_path):
                                  "--shard-rows", "2", "--seed", "3"])
     assert result.exit_code == 0, result.output
     assert "records in" in result.output and "no success label" in result.output
-    assert len(list((tmp_path / "k" / "data").glob("train-*.parquet"))) == 3  # 6 rows
+    assert "README.md (section Training)" in " ".join(result.output.split())
+    assert len(list((tmp_path / "k" / "data").glob("train-*.parquet"))) == 5  # 10 rows
     for args, message in [
         ([str(tmp_path / "nope"), "--format", "trl-sft"], "no such dataset directory"),
         ([str(hand_dataset), "--format", "alpaca"], "unknown format"),
         ([str(hand_dataset), "--format", "trl-sft", "--mix", "a=b"], "not a number"),
+        ([str(hand_dataset), "--format", "tokenized"], "needs --tokenizer PATH"),
+        ([str(hand_dataset), "--format", "trl-sft", "--tokenizer", "x"], "apply to --format tokenized only"),
+        ([str(hand_dataset), "--format", "tokenized", "--tokenizer", str(tmp_path / "none")], "cannot load tokenizer"),
+        ([str(hand_dataset), "--format", "trl-dpo", "--dpo-level", "pair"], "unknown DPO level"),
+        ([str(hand_dataset), "--format", "trl-sft", "--sft-layout", "auto"], "unknown SFT layout"),
     ]:
         result = runner.invoke(app, ["export", *args, "--output", str(tmp_path / "x")])
         assert result.exit_code == 1
@@ -204,4 +226,7 @@ def test_adp_samples_export_in_every_trajectory_format(adp_dataset, tmp_path):
     for fmt in ["trl-sft", "openai", "sharegpt", "trl-kto"]:
         report = export(adp_dataset, tmp_path / fmt, ExportConfig(format=fmt))
         assert report.records_in == report.records_exported + report.skipped_total
-    assert export(adp_dataset, tmp_path / "sft2", ExportConfig(format="trl-sft")).skipped_total == 0
+    # Three samples (android_in_the_wild, androidcontrol x2) open with the agent's own message: no prompt
+    # to train it from.
+    assert export(adp_dataset, tmp_path / "sft2", ExportConfig(format="trl-sft")).skipped == {
+        "no prompt before the first assistant turn": 3}

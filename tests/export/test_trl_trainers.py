@@ -1,8 +1,10 @@
-"""Real TRL trainers load the exports and take 2 optimizer steps; masked steps get zero loss weight.
+"""Real TRL trainers on the default exports: loss falls only on trainable assistant tokens.
 
-A tiny random Llama and a word-level tokenizer trained on the export's own text (no hub
-access); the chat template is set explicitly and supports system/user/assistant/tool roles,
-tool calls and tools. CPU only.
+TRL 1.16's own training templates (`qwen2_5_training`, `qwen3_training`, and
+`qwen3_5_nothink_training`, which iterates `tool_call.arguments|items` and so needs arguments as
+mappings), a byte-level BPE tokenizer trained on the export and loaded from its directory, a
+one-layer Qwen2. Each check reads the trainer's own batch tensors (SFT labels, DPO/KTO completion
+masks) and attributes every loss token to the message text it lies on. CPU only.
 """
 
 from __future__ import annotations
@@ -10,71 +12,19 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
-from converters.export import ExportConfig, export
-from tests.export import _data
+from converters.export import ExportConfig, export, preview
+from flows.cli import app
+from tests.export import _data, _tiny
 
 pytestmark = [
     pytest.mark.trl,
     pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (pip install -e .[train])"),
 ]
-
-CHAT_TEMPLATE = (
-    "{%- if tools %}<|tools|>{% for t in tools %}{{ t.function.name }} {{ t.function.parameters | tojson }} "
-    "{% endfor %}<|end|>{% endif %}"
-    "{%- for m in messages %}<|{{ m.role }}|>{% if m.content %}{{ m.content }}{% endif %}"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}<|call|>{{ c.function.name }} {{ c.function.arguments }}"
-    "{% endfor %}{% endif %}<|end|>{% endfor %}"
-    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-SPECIAL = ["<unk>", "<pad>", "<eos>", "<|tools|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>",
-           "<|call|>", "<|end|>"]
-MASKED_MARKERS = ("MASKEDALPHA", "MASKEDTWO")
-TRAINED_MARKERS = ("TRAINEDBETA", "TRAINEDGAMMA", "TRAINEDONE", "TRAINEDTHREE", "TRAINEDFOUR")
-
-
-def _texts(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _texts(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _texts(v)
-
-
-def _tokenizer(datasets_: list[Any]):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    corpus = [t for ds in datasets_ for row in ds for t in _texts(row)]
-    tok.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=SPECIAL))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def _model(tokenizer):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=4096,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    return LlamaForCausalLM(config)
-
-
-def _common(tmp_path: Path, name: str, batch: int) -> dict[str, Any]:
-    return dict(output_dir=str(tmp_path / f"run-{name}"), max_steps=2, per_device_train_batch_size=batch,
-                learning_rate=1e-3, report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,
-                dataloader_num_workers=0, seed=0)
 
 
 def _load(out: Path):
@@ -85,75 +35,137 @@ def _load(out: Path):
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory) -> dict[str, Any]:
+def hand(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("trl")
     pair, chosen, rejected = _data.branch_pair()
     pair2, chosen2, rejected2 = _data.branch_pair("p2")
     trajectories = [_data.tool_traj(), _data.masked_traj(), _data.interleaved_traj(), _data.labeled_traj(),
-                    chosen, rejected, chosen2, rejected2]
+                    _data.masked_observation_traj(), _data.failed_traj(), chosen, rejected, chosen2, rejected2]
     src = _data.store(root / "src", trajectories, [pair, pair2])
-    loaded = {}
+    out: dict[str, Any] = {"src": src, "root": root, "trajectories": trajectories}
     for fmt in ("trl-sft", "trl-dpo", "trl-kto"):
-        export(src, root / fmt, ExportConfig(format=fmt))
-        loaded[fmt] = _load(root / fmt)
-    loaded["tokenizer"] = _tokenizer([loaded["trl-sft"], loaded["trl-dpo"], loaded["trl-kto"]])
-    return loaded
+        out[f"report:{fmt}"] = export(src, root / fmt, ExportConfig(format=fmt))
+        out[fmt] = _load(root / fmt)
+    corpus = [t for fmt in ("trl-sft", "trl-dpo", "trl-kto") for row in out[fmt] for t in _tiny.texts(row)]
+    out["tokenizers"] = {name: _tiny.tokenizer_dir(root / f"tok-{name}", name, corpus) for name in _tiny.TEMPLATES}
+    return out
 
 
-def test_sft_trainer_masks_exactly_the_prompt_and_masked_steps(exports, tmp_path):
+def test_rows_keep_arguments_as_mappings_a_mapping_template_needs(hand):
+    row = next(r for r in hand["trl-sft"] if r["id"] == "t-maskobs")
+    call = row["completion"][0]["tool_calls"][0]["function"]
+    assert call["arguments"] == {"city": "Oslo", "units": {"temp": "C"}}
+    tok = _tiny.load_tokenizer(hand["tokenizers"][_tiny.MAPPING_TEMPLATE])
+    rendered = tok.apply_chat_template(row["prompt"] + row["completion"], tools=_tiny.tools_of(row), tokenize=False)
+    assert "<parameter=units>\n{\"temp\": \"C\"}\n</parameter>" in rendered
+    as_text = json.loads(json.dumps(row["completion"]))
+    as_text[0]["tool_calls"][0]["function"]["arguments"] = json.dumps(call["arguments"])
+    with pytest.raises(Exception, match="mapping"):  # what JSON-string arguments did to this template
+        tok.apply_chat_template(row["prompt"] + as_text, tools=_tiny.tools_of(row), tokenize=False)
+
+
+@pytest.mark.parametrize("template", ["qwen2_5_training", _tiny.MAPPING_TEMPLATE])
+def test_sft_trainer_trains_only_trainable_assistant_tokens(hand, tmp_path, template):
     from trl import SFTConfig, SFTTrainer
 
-    tok, data = exports["tokenizer"], exports["trl-sft"]
-    assert "prompt" in data.column_names  # masked steps in the input -> prompt-completion layout
-    trainer = SFTTrainer(model=_model(tok), args=SFTConfig(**_common(tmp_path, "sft", 2)), train_dataset=data,
-                         processing_class=tok)
-    processed = trainer.train_dataset  # TRL 1.16 turns completion_mask into a `labels` column here
-    assert len(processed) == len(data)  # nothing dropped, same order
-    examples = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in processed]
-    batch = trainer.data_collator(examples)
-    labels, input_ids = batch["labels"].tolist(), batch["input_ids"].tolist()
-    masked_ids = {tok.convert_tokens_to_ids(m) for m in MASKED_MARKERS}
-    trained_ids = {tok.convert_tokens_to_ids(m) for m in TRAINED_MARKERS}
-    seen_masked = seen_trained = 0
-    for k, row in enumerate(data):
-        tools = json.loads(row["tools"]) if row["tools"] else None
-        n_prompt = len(tok.apply_chat_template(row["prompt"], tools=tools, add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"])
-        n = len(examples[k]["input_ids"])
-        assert processed[k]["input_ids"][:n_prompt] == tok.apply_chat_template(
-            row["prompt"], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        assert labels[k][:n_prompt] == [-100] * n_prompt
-        assert labels[k][n_prompt:n] == input_ids[k][n_prompt:n]  # every completion token is trained
-        for pos, token in enumerate(input_ids[k][:n]):
-            if token in masked_ids:
-                assert labels[k][pos] == -100, f"masked step token trained in row {k}"
-                seen_masked += 1
-            if token in trained_ids and pos >= n_prompt:
-                assert labels[k][pos] == token
-                seen_trained += 1
-    assert seen_masked >= 2 and seen_trained >= 4
+    data = hand["trl-sft"]
+    assert {"prompt", "completion"} <= set(data.column_names)  # the default layout
+    assert "t-failed" not in data["id"]  # success = false is left out
+    tok = _tiny.load_tokenizer(hand["tokenizers"][template])
+    # The settings the card gives.
+    trainer = SFTTrainer(model=_tiny.model(tok), args=SFTConfig(**_tiny.train_args(tmp_path, "sft"),
+                                                                  assistant_only_loss=True),
+                         train_dataset=data, processing_class=tok)
+    total = _tiny.LossCount()
+    for row_id, count in _tiny.sft_counts(trainer, tok, data):
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row_id, count)
+        total += count
+    assert total.loss > total.trainable > 0  # the rest: the template's end-of-turn tokens
     result = trainer.train()
     assert trainer.state.global_step == 2 and result.training_loss > 0
 
 
-def test_dpo_trainer_takes_two_steps(exports, tmp_path):
-    from trl import DPOConfig, DPOTrainer
-
-    tok, data = exports["tokenizer"], exports["trl-dpo"]
-    assert len(data) == 2
-    # An explicit reference model: TRL would otherwise reload it by name, and ours has none (no hub).
-    trainer = DPOTrainer(model=_model(tok), ref_model=_model(tok), args=DPOConfig(**_common(tmp_path, "dpo", 2)), train_dataset=data,
-                         processing_class=tok)
+@pytest.mark.parametrize("template", ["qwen3_training", _tiny.MAPPING_TEMPLATE])
+def test_dpo_trainer_prefers_on_the_next_assistant_message_only(hand, tmp_path, template):
+    data = hand["trl-dpo"]
+    assert len(data) == 2 and all(len(r["chosen"]) == len(r["rejected"]) == 1 for r in data)  # step level
+    tok = _tiny.load_tokenizer(hand["tokenizers"][template])
+    trainer = _tiny.preference_trainer("trl-dpo", tok, data, tmp_path)
+    for row_id, side, count in _tiny.preference_counts(trainer, tok, data):
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row_id, side, count)
     trainer.train()
     assert trainer.state.global_step == 2
 
 
-def test_kto_trainer_takes_two_steps(exports, tmp_path):
-    from trl import KTOConfig, KTOTrainer
-
-    tok, data = exports["tokenizer"], exports["trl-kto"]
-    assert set(data["label"]) == {True, False}
-    trainer = KTOTrainer(model=_model(tok), ref_model=_model(tok), args=KTOConfig(**_common(tmp_path, "kto", 2)), train_dataset=data,
-                         processing_class=tok)
+@pytest.mark.parametrize("template", ["qwen2_5_training", _tiny.MAPPING_TEMPLATE])
+def test_kto_trainer_labels_one_assistant_message_per_row(hand, tmp_path, template):
+    data = hand["trl-kto"]
+    assert set(data["label"]) == {True, False} and all(len(r["completion"]) == 1 for r in data)
+    tok = _tiny.load_tokenizer(hand["tokenizers"][template])
+    trainer = _tiny.preference_trainer("trl-kto", tok, data, tmp_path)
+    for row_id, side, count in _tiny.preference_counts(trainer, tok, data):
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row_id, count)
     trainer.train()
     assert trainer.state.global_step == 2
+
+
+def test_tokenized_export_is_ready_for_sft_trainer(hand, tmp_path):
+    from trl import SFTConfig, SFTTrainer
+
+    tok_dir = hand["tokenizers"]["qwen3_training"]
+    out = tmp_path / "tok"
+    result = CliRunner().invoke(app, ["export", str(hand["src"]), "--format", "tokenized", "--output", str(out),
+                                      "--tokenizer", str(tok_dir)])
+    assert result.exit_code == 0, result.output
+    data = _load(out)
+    tok = _tiny.load_tokenizer(tok_dir)
+    by_id = {t.id: t for t in hand["trajectories"]}
+    for row in data:
+        # The conversation each row is, with its per-message train flags.
+        (messages_row,) = preview(by_id[row["id"]], "trl-sft", sft_layout="messages").rows
+        messages = messages_row["messages"]
+        count = _tiny.loss_tokens(tok, messages, _tiny.tools_of(messages_row), row["input_ids"],
+                                  [bool(m) for m in row["assistant_masks"]])
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row["id"], count)
+        # Exactly transformers' assistant mask, with the masked messages' spans zeroed.
+        full = tok.apply_chat_template(messages, tools=_tiny.tools_of(messages_row), tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)
+        assert full["input_ids"] == row["input_ids"]
+        assert all(m <= f for m, f in zip(row["assistant_masks"], full["assistant_masks"]))
+        if all(m.get("train", True) for m in messages):
+            assert row["assistant_masks"] == full["assistant_masks"]
+    assert "t-masked" in data["id"] and "t-maskobs" in data["id"] and "t-failed" not in data["id"]
+    # Ready as it is: the default SFTConfig (no loss flags) turns assistant_masks into labels.
+    trainer = SFTTrainer(model=_tiny.model(tok), args=SFTConfig(**_tiny.train_args(tmp_path, "sft-tok")),
+                         train_dataset=data, processing_class=tok)
+    examples = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in trainer.train_dataset]
+    batch = trainer.data_collator(examples)
+    for k, row in enumerate(data):
+        n = len(row["input_ids"])
+        expected = [i if m else -100 for i, m in zip(row["input_ids"], row["assistant_masks"])]
+        assert batch["labels"][k][:n].tolist() == expected
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert "SFTConfig(max_length=None)" in (out / "README.md").read_text()
+
+
+def test_tokenized_max_length_cuts_by_turns(hand, tmp_path):
+    tok_dir = hand["tokenizers"]["qwen2_5_training"]
+    full = export(hand["src"], tmp_path / "full", ExportConfig(format="tokenized", tokenizer=str(tok_dir)))
+    lengths = {r["id"]: len(r["input_ids"]) for r in _load(tmp_path / "full")}
+    limit = sorted(lengths.values())[len(lengths) // 2]
+    report = export(hand["src"], tmp_path / "cut", ExportConfig(format="tokenized", tokenizer=str(tok_dir),
+                                                                 max_length=limit))
+    rows = {r["id"]: r for r in _load(tmp_path / "cut")}
+    tok = _tiny.load_tokenizer(tok_dir)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for rid, row in rows.items():
+        assert len(row["input_ids"]) <= limit
+        if lengths[rid] > limit:
+            assert row["dropped_turns"] > 0
+            assert end in row["input_ids"][-2:] and row["assistant_masks"][-2] == 1  # ends on a whole assistant turn
+    cut = sum(1 for n in lengths.values() if n > limit)
+    assert report.notes["rows truncated by --max-length"] + report.skipped.get(
+        "first trainable assistant turn does not fit in --max-length", 0) == cut > 0
+    assert report.records_exported + report.skipped_total == report.records_in
+    assert full.records_exported >= report.records_exported

@@ -34,7 +34,7 @@ def _config(tmp: Path, base_url: str, n_tasks: int = 2, **extra) -> Path:
                 "max_retries": 0, "backoff_base_s": 0.01, "request_timeout_s": 5},
         "convert": [{"name": "adp", "source": "adp", "inputs": [str(p) for p in ADP_FILES]}],
         "generate": [{"name": "rollout", "method": "rollout", "env": "retail", "env_config": {"seed": 0},
-                      "n_tasks": n_tasks, "max_steps": 3, "keep_failed": True, "unit_tasks": 1, "concurrency": 1}],
+                      "tasks": {"n": n_tasks}, "max_steps": 3, "keep_failed": True, "unit_tasks": 1, "concurrency": 1}],
         "export": ["trl-sft"],
         **extra,
     }

@@ -1,13 +1,74 @@
-"""curriculum: reward tracking, next tasks chosen by reward variance, verifiable evolution on retail."""
+"""curriculum: reward tracking, the next tasks chosen by reward variance, and model-written variants kept only when
+the environment can verify them (tau2-style criteria, or a verifier run in the sandbox)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
+from typing import Any
 
+from backends.fake_server import FakeServer, Rule
 from envs.retail.env import RetailEnv
-from generators.curriculum import EVOLVE, Curriculum, CurriculumConfig, RewardTracker, nearest_task
-from generators.scripted import ScriptedRetailLLM
+from generators.curriculum import RewardTracker
+from generators.runner import generate, load_config
+from schemas.models import ApiAction, MessageAction
 from schemas.store import Dataset
+from tests.generators._generic_model import GenericModel
+from tests.generators.test_reflection import FIND, ORDER, REASON
+from tests.generators.test_reflection import TASK as SEED
+from tests.generators.test_reflection import WRONG_REASON as OTHER_REASON
+
+EASIER = f"Cancel order {ORDER} for me, I no longer need it. I'm Diego Johansson, zip code 92776."
+HARDER = f"Cancel my order {ORDER}, check it before and after. I'm Diego Johansson, zip 92776."
+CANCEL_CALLS = [{"name": FIND["function"], "arguments": FIND["arguments"]},
+                {"name": "cancel_pending_order", "arguments": {"order_id": ORDER, "reason": REASON}}]
+WRONG_CANCEL = [{"name": "cancel_pending_order", "arguments": {"order_id": ORDER, "reason": OTHER_REASON}}]
+VERIFIER = ("def verify(state):\n    return any(o['order_id'] == %r and o['status'] == 'cancelled' "
+            "for o in state['orders'])\n" % ORDER)
+
+
+def _references() -> dict[str, list[Any]]:
+    async def seed() -> list[Any]:
+        async with RetailEnv(0) as env:
+            return await env.reference_solution(SEED) or []
+
+    done = MessageAction(content="Your request has been processed. Is there anything else?")
+    easier = [ApiAction(function=c["name"], arguments=c["arguments"]) for c in CANCEL_CALLS] + [done]
+    return {SEED.instruction: asyncio.run(seed()), EASIER: easier}
+
+
+def writer(body: dict) -> dict | None:
+    """The task writer: an easier variant with sound criteria; a harder one whose 'wrong' solution is right."""
+    prompt = str(body["messages"][-1].get("content") or "")
+    if not prompt.startswith("EVOLVE TASK"):
+        return None
+    code = "verifier" in json.dumps(body["response_format"])
+    if prompt.startswith("EVOLVE TASK (easier)"):
+        if code:
+            return {"instruction": EASIER, "verifier": VERIFIER, "solution": CANCEL_CALLS, "final_answer": "Done.",
+                    "wrong_solutions": [[{"name": "get_order_details", "arguments": {"order_id": ORDER}}]]}
+        return {"instruction": EASIER, "actions": CANCEL_CALLS, "communicate_info": [],
+                "wrong_solutions": [WRONG_CANCEL]}
+    if code:  # a verifier that accepts anything: doing nothing passes it
+        return {"instruction": HARDER, "verifier": "def verify(state):\n    return True\n", "solution": CANCEL_CALLS,
+                "final_answer": "", "wrong_solutions": [WRONG_CANCEL]}
+    lookup = {"name": "get_order_details", "arguments": {"order_id": ORDER}}
+    return {"instruction": HARDER, "actions": [CANCEL_CALLS[0], lookup, CANCEL_CALLS[1], lookup],
+            "communicate_info": [], "wrong_solutions": [CANCEL_CALLS]}
+
+
+def _run(tmp: Path, **extra: Any):
+    cfg = {"method": "curriculum", "env": "retail", "tasks": {"n": 1}, "rollouts": 2, "generations": 1, "select": 1,
+           "max_steps": 8, "concurrency": 1, "unit_tasks": 1, **extra}
+    model = GenericModel(_references(), judge=writer)
+    with FakeServer(rules=[Rule(fn=model)]) as server:
+        cfg["llm"] = {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                      "max_retries": 0, "request_timeout_s": 5}
+        summary = asyncio.run(generate(load_config(cfg), tmp / "out"))
+        prompts = [e["body"]["messages"] for e in server.log if "body" in e]
+    ds = Dataset.open(tmp / "out")
+    return summary, list(ds.iter_records()), {f.record.id: f for f in ds.iter_records("filtered")}, prompts
 
 
 def test_tracker_selects_by_variance_inside_the_band():
@@ -18,67 +79,92 @@ def test_tracker_selects_by_variance_inside_the_band():
     assert tr.select(["always", "never", "most", "half"], 5) == ["half", "most"]
 
 
-def _evolve_prompts(llm: ScriptedRetailLLM) -> list[str]:
-    head = EVOLVE.split("{rate", 1)[0]
-    return [r.messages[-1]["content"] for r in llm.requests if r.messages[-1]["content"].startswith(head)]
+def test_evolved_tasks_are_the_models_and_kept_only_when_their_criteria_check(tmp_path):
+    summary, kept, filtered, prompts = _run(tmp_path)
+    seed = [t for t in kept if t.details["curriculum"]["generation"] == 0]
+    assert [t.reward for t in seed] == [1.0, 0.0] and seed[0].details["curriculum"]["in_band"]
+    # The writer saw the seed, its criteria and how it is solved, with what the tools returned (real data).
+    evolve = next(m for m in prompts if str(m[-1]["content"]).startswith("EVOLVE TASK (easier)"))
+    assert SEED.instruction in evolve[-1]["content"] and '"communicate_info": []' in evolve[-1]["content"]
+    assert "AGENT: call get_order_details" in evolve[-1]["content"] and "pending" in evolve[-1]["content"]
+    assert "EASIER than the seed" in evolve[0]["content"] and "cancel_pending_order" in evolve[0]["content"]
+
+    # The easier variant is a new task: the model's instruction and criteria, checked in the world.
+    variants = [t for t in kept if t.details["curriculum"]["generation"] == 1]
+    assert len(variants) == 2 and {t.details["curriculum"]["task_id"] for t in variants} == {f"{SEED.id}/easier"}
+    v = variants[0]
+    assert v.steps[0].content == EASIER and v.details["task"]["instruction"] == EASIER
+    assert v.details["task"]["goal"] == {"actions": CANCEL_CALLS, "communicate_info": []}
+    assert v.details["task"]["metadata"]["evolved_from"] == SEED.id and v.provenance.parent_ids == [SEED.id]
+    checks = {c["case"]: c for c in v.details["evolution"]["checks"]}
+    assert checks["solution"]["passed"] and checks["solution"]["reason"] == "goal state reached"
+    assert not checks["do-nothing"]["passed"] and not checks["wrong solution 1"]["passed"]
+    assert checks["wrong solution 1"]["reason"] == "the database differs from the goal state"
+    assert sorted(t.reward for t in variants) == [0.0, 1.0]
+
+    # Independently of the method: the world passes the reference solution and fails the wrong one.
+    async def evaluate(actions):
+        async with RetailEnv(0) as env:
+            task = type(SEED).model_validate(v.details["task"])
+            await env.reset(task)
+            for a in actions or await env.reference_solution(task):
+                await env.step(a)
+            return (await env.evaluate()).success
+
+    assert asyncio.run(evaluate(None))
+    assert not asyncio.run(evaluate([ApiAction(function=c["name"], arguments=c["arguments"]) for c in WRONG_CANCEL]))
+
+    # The harder variant's 'wrong' solution is in fact right: not verifiable, filtered with the reason.
+    [stub] = [f for f in filtered.values() if f.decision.filter == "evolution_check"]
+    assert stub.record.details["task"]["instruction"] == HARDER
+    assert stub.decision.reason == "wrong solution 1 passes: goal state reached"
+    assert summary.counts["evolved_easier"] == 1 and summary.counts["evolve_rejected_harder"] == 1
 
 
-def test_next_round_evolves_the_mixed_tasks_by_reward_variance(tmp_path):
-    cfg = CurriculumConfig(num_tasks=6, candidates=16, generations=1, select=2)
-    seeds = list(Curriculum(cfg, None).seed_tasks().values())
-    t = [s.id for s in seeds]
-    # Scripted outcomes over 4 rollouts: t1, t4 always solved; t2, t5 never; t3 solved 2 of 4 (variance
-    # 0.25); t0, a cancel task, by the default script 3 of 4 (0.1875). Seed order puts t0 first.
-    solved = {t[1]: 4, t[4]: 4, t[2]: 0, t[5]: 0, t[3]: 2}
-    method = Curriculum(cfg, None)
-    llm = ScriptedRetailLLM(seeds + method.pool(), solved=solved)
-    method = Curriculum(cfg, llm)
-    out = Dataset.create(tmp_path / "out")
-    summary = asyncio.run(method.run(method.tasks(), out))
-
-    seed_rewards = {}
-    for traj in out.iter_records():
-        if traj.details["curriculum"]["generation"] == 0:
-            seed_rewards.setdefault(traj.details["curriculum"]["task_id"], []).append(traj.reward)
-    assert seed_rewards == {t[0]: [1.0, 0.0, 1.0, 1.0], t[1]: [1.0] * 4, t[2]: [0.0] * 4, t[3]: [1.0, 1.0, 0.0, 0.0],
-                            t[4]: [1.0] * 4, t[5]: [0.0] * 4}
-    # The mixed tasks, highest variance first, are the ones evolved next; the others never are.
-    assert method.tracker.select(t, 6) == [t[3], t[0]]
-    prompts = _evolve_prompts(llm)
-    assert len(prompts) == 4
-    assert [next(i for i, s in enumerate(seeds) if s.instruction in p) for p in prompts] == [3, 3, 0, 0]
-    later = [*out.iter_records(), *(f.record for f in out.iter_records("filtered"))]
-    later = [x for x in later if x.details["curriculum"]["generation"] == 1]
-    assert {x.details["curriculum"]["parent"] for x in later} == {t[3], t[0]} and len(later) == 16
-    assert {x.details["curriculum"]["task_id"] for x in later} == {f"{p}/{d}" for p in (t[3], t[0]) for d in ("easier", "harder")}
-    assert summary.counts["evolved_easier"] == summary.counts["evolved_harder"] == 2 and summary.tasks == 6 + 4
-
-    # A re-run resumes: every task is done, the same selection is made, no model call is repeated.
-    again = Curriculum(cfg, ScriptedRetailLLM(seeds + method.pool(), solved=solved))
-    rerun = asyncio.run(again.run(again.tasks(), out))
-    assert rerun.processed == 0 and rerun.skipped == 10 and not again.llm.requests
-    assert again.tracker.select(t, 6) == [t[3], t[0]]
+def test_a_code_check_runs_the_models_verifier_in_the_sandbox(tmp_path):
+    summary, kept, filtered, _ = _run(tmp_path, verify="code")
+    variants = [t for t in kept if t.details["curriculum"]["generation"] == 1]
+    assert variants and all(t.details["task"]["goal"] == {"verifier": VERIFIER} for t in variants)
+    checks = {c["case"]: c for c in variants[0].details["evolution"]["checks"]}
+    assert checks["solution"] == {"case": "solution", "passed": True, "reason": "verify(state) returned True"}
+    assert checks["do-nothing"]["reason"] == "verify(state) returned False"
+    # Each rollout is scored by the verifier on its final state, not by the world's own goal check.
+    assert sorted(t.reward for t in variants) == [0.0, 1.0]
+    assert {t.details["evaluation"]["reason"] for t in variants} == {"verify(state) returned True",
+                                                                    "verify(state) returned False"}
+    [stub] = [f for f in filtered.values() if f.decision.filter == "evolution_check"]
+    assert stub.decision.reason == "a do-nothing agent passes: verify(state) returned True"
 
 
-def test_evolution_maps_to_env_tasks_and_keeps_only_in_band(tmp_path):
-    env = RetailEnv(0)
-    cfg = CurriculumConfig(num_tasks=1, candidates=16, generations=1)
-    method = Curriculum(cfg, None)  # tasks only
-    tasks = list(method.seed_tasks().values()) + method.pool()
-    llm = ScriptedRetailLLM(tasks)
-    method = Curriculum(cfg, llm)
-    out = Dataset.create(tmp_path / "out")
-    summary = asyncio.run(method.run(method.tasks(), out))
-    seed = tasks[0]
-    kept = list(out.iter_records())
-    # The seed (a cancel task) is solved by 3 of 4 attempts: in band.
-    assert [t.reward for t in kept] == [1.0, 0.0, 1.0, 1.0] and kept[0].details["curriculum"]["in_band"]
-    assert summary.counts["evolved_easier"] == 1 and summary.counts["evolved_harder"] == 1
-    # Evolved tasks are real env tasks with fewer / more reference actions; the scripted agent always
-    # solves them, so they leave the band and their trajectories are rejected with the reason.
-    rejected = list(out.iter_records("filtered"))
-    assert len(rejected) == 8 and all(f.decision.reason.startswith("out of band") for f in rejected)
-    sizes = {f.record.details["task"]["metadata"]["direction"]: len(f.record.details["task"]["goal"]["actions"]) for f in rejected}
-    assert sizes["easier"] < len(seed.goal["actions"]) < sizes["harder"]
-    assert nearest_task("cancel my order", seed, method.pool(), "harder") is not None
-    env.close()
+def test_a_variant_of_a_tau2_task_gives_its_simulated_user_the_new_request():
+    from generators.base import TaskSpec
+    from generators.curriculum import Curriculum, CurriculumConfig, CriteriaVariant
+
+    scenario = {"persona": "Calm.", "instructions": {"domain": "retail", "reason_for_call": "old request",
+                                                     "known_info": "You are Diego, zip 92776.",
+                                                     "unknown_info": "the order id", "task_instructions": "old"}}
+    seed = SEED.model_copy(update={"metadata": {**SEED.metadata, "user_scenario": scenario}})
+    spec = TaskSpec(id=f"{SEED.id}/easier", payload={"parent": SEED.id, "direction": "easier", "generation": 1})
+    answer = CriteriaVariant(instruction=EASIER, actions=CANCEL_CALLS, wrong_solutions=[WRONG_CANCEL])
+    task, solution = Curriculum(CurriculumConfig(), None).variant_task(seed, spec, answer, "criteria")
+    assert solution is None and task.id == spec.id and task.instruction == EASIER
+    assert task.metadata["user_scenario"] == {"persona": "Calm.", "instructions": {
+        "reason_for_call": EASIER, "task_instructions": EASIER, "known_info": "You are Diego, zip 92776.",
+        "domain": "retail"}}
+
+
+def test_a_variant_that_checks_what_the_seed_checks_is_not_new(tmp_path):
+    def same(body: dict) -> dict | None:
+        if str(body["messages"][-1].get("content") or "").startswith("EVOLVE TASK"):
+            return {"instruction": EASIER, "actions": [{"name": a["function"], "arguments": a["arguments"]}
+                                                       for a in SEED.goal["actions"]],
+                    "communicate_info": [], "wrong_solutions": [WRONG_CANCEL]}
+        return None
+
+    with FakeServer(rules=[Rule(fn=GenericModel(_references(), judge=same))]) as server:
+        cfg = {"method": "curriculum", "env": "retail", "tasks": {"n": 1}, "rollouts": 2, "max_steps": 8,
+               "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                       "max_retries": 0, "request_timeout_s": 5}}
+        asyncio.run(generate(load_config(cfg), tmp_path / "out"))
+    reasons = {f.decision.reason for f in Dataset.open(tmp_path / "out").iter_records("filtered")}
+    assert reasons == {"the new task checks exactly what the seed checks: it is not a new task"}

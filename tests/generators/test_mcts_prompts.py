@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 
 from backends.config import LLMConfig
@@ -61,14 +63,17 @@ def test_memoised_calls_equal_fresh_calls_and_keep_tokens() -> None:
              ("cancel_pending_order", {"order_id": order, "reason": "no longer needed"}),
              ("get_order_details", {"order_id": order})]
 
-    def play() -> tuple[list[tuple], dict]:
+    async def episode() -> tuple[list[tuple], dict]:
         env = RetailEnv(0)
-        env.reset(task)
+        await env.reset(task)
         out = []
         for function, arguments in calls:
-            r = env.step(ApiAction(function=function, arguments=arguments, tool_call_id="c"))
-            out.append((r.observation.content, r.reward, r.done, r.info, env.db.tokens()))
-        return out, {"state": env.state(), "reward": env.evaluate()}
+            r = await env.step(ApiAction(function=function, arguments=arguments, tool_call_id="c"))
+            out.append((r.observation.content, r.done, r.info, env.db.tokens()))
+        return out, {"state": env.state(), "reward": (await env.evaluate()).reward}
+
+    def play() -> tuple[list[tuple], dict]:
+        return asyncio.run(episode())
 
     first, state1 = play()
     entries = len(MEMO)
@@ -76,6 +81,6 @@ def test_memoised_calls_equal_fresh_calls_and_keep_tokens() -> None:
     assert entries == len(calls) and len(MEMO) == entries
     assert first == second and state1 == state2
     assert json.loads(first[3][0])["status"] == "cancelled" and state1["reward"] == 1.0
-    assert "error" in first[2][3] and first[2][4] == first[1][4]  # a refused call changes nothing
-    assert first[4][3].get("rule_violation") and first[4][4] == first[3][4]  # rolled back: tokens unchanged
-    assert first[0][4] == first[1][4] != first[3][4]  # lookups change nothing; the write does
+    assert "error" in first[2][2] and first[2][3] == first[1][3]  # a refused call changes nothing
+    assert first[4][2].get("rule_violation") and first[4][3] == first[3][3]  # rolled back: tokens unchanged
+    assert first[0][3] == first[1][3] != first[3][3]  # lookups change nothing; the write does

@@ -17,8 +17,9 @@ from schemas.store import Dataset
 def _method(**cfg) -> tuple[MCTSSplice, ScriptedRetailLLM]:
     tasks = cancel_tasks(1)
     llm = ScriptedRetailLLM(tasks)
-    method = MCTSSplice(MCTSSpliceConfig(num_tasks=1, **cfg), llm)
+    method = MCTSSplice(MCTSSpliceConfig(tasks={"n": 1}, **cfg), llm)
     assert [t.id for t in method.tasks()] == [tasks[0].id]  # env.generate_tasks(1, 0) is a cancel task
+    asyncio.run(method.setup())
     return method, llm
 
 

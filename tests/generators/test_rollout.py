@@ -22,8 +22,7 @@ BROKEN = '<tool_call>{"name": "get_order_details", "arguments": {broken</tool_ca
 
 
 def _retail_tasks(n: int) -> list:
-    with make_env("retail", seed=0) as env:
-        return env.generate_tasks(n, seed=0)
+    return make_env("retail", seed=0).generate_tasks(n, seed=0)
 
 
 def _first_user(body: dict) -> str:
@@ -66,7 +65,7 @@ def _llm(base_url: str) -> dict:
 
 
 def _config(base_url: str, **extra) -> dict:
-    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "n_tasks": 5, "max_steps": 6,
+    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": 5}, "max_steps": 6,
             "max_parse_failures": 2, "concurrency": 3, "unit_tasks": 2, "llm": _llm(base_url), **extra}
 
 
@@ -148,7 +147,7 @@ def test_rollout_in_simulated_env_from_a_tasks_file(tmp_path):
         return None
 
     config = _config("", env="simulated", env_config={"tools": [weather], "policy": "Be accurate."},
-                     tasks_file=str(tasks_file))
+                     tasks={"source": "jsonl", "path": str(tasks_file)})
     with FakeServer(rules=[Rule(fn=answer)]) as server:
         config["llm"] = _llm(server.base_url)
         summary = asyncio.run(generate(load_config(config), tmp_path / "out"))
@@ -156,13 +155,13 @@ def test_rollout_in_simulated_env_from_a_tasks_file(tmp_path):
     assert summary.processed == 1 and t.reward == 1.0 and t.success
     assert [s.kind for s in t.steps] == ["text", "api", "text", "message", "text"]
     assert t.steps[2].content == '{"temp_c": 21, "sky": "sunny"}' and t.steps[2].tool_call_id == t.steps[1].tool_call_id
-    assert t.steps[4].source == "user" and t.details["judge"]["reasoning"] == "The agent reported the weather."
+    assert t.steps[4].source == "user" and t.details["evaluation"]["reason"] == "The agent reported the weather."
     assert t.details["env"]["name"] == "simulated" and "tools_sha256" in t.details["env"]["config"]
 
 
 def test_cli_generate_rollout_and_example_config(tmp_path):
     example = yaml.safe_load((REPO / "configs" / "rollout_retail.yaml").read_text())
-    assert load_config(example).n_tasks == 2 and example["llm"]["backend"] == "llamacpp"
+    assert load_config(example).tasks.n == 2 and example["llm"]["backend"] == "llamacpp"
     tasks = _retail_tasks(2)
     with FakeServer(rules=[Rule(fn=RetailScript(tasks))]) as server:
         cfg = {**example, "llm": _llm(server.base_url)}
@@ -177,3 +176,44 @@ def test_cli_generate_rollout_and_example_config(tmp_path):
     assert records[f"rollout/{tasks[0].id}#0"].reward == 1.0
     assert records[f"rollout/{tasks[1].id}#0"].success is False
     assert Dataset.open(Path(out)).complete
+
+
+def test_rollout_on_the_tau2_mcp_server_rewards_the_reference_and_names_a_wrong_write(tmp_path):
+    """rollout through `generate` on a real MCP server: an agent that follows task 0's reference actions
+    reaches reward 1; one whose exchange takes one item of two gets 0, the failed criterion in details."""
+    from envs.mcp import MCPEnv
+    from tests.envs.mcp_support import TASKS, tau2_config, tau2_task
+
+    task = tau2_task("0")
+
+    async def reference() -> list:
+        async with MCPEnv(**tau2_config()) as env:
+            return [a for a in await env.reference_solution(task) if a.kind == "api"]
+
+    calls = asyncio.run(reference())
+    wrong = calls[:-1] + [calls[-1].model_copy(update={"arguments": {
+        **calls[-1].arguments, "item_ids": calls[-1].arguments["item_ids"][:1],
+        "new_item_ids": calls[-1].arguments["new_item_ids"][:1]}})]
+
+    def agent(body: dict):
+        if not body.get("tools"):
+            return None
+        plan = wrong if "(Attempt 2.)" in body["messages"][0]["content"] else calls
+        turn = _turn(body)
+        if turn < len(plan):
+            return ToolCallAnswer(plan[turn].function, plan[turn].arguments)
+        return "Your exchange is done."
+
+    config = {"method": "rollout", "env": "mcp", "env_config": tau2_config(), "user": {"kind": "none"},
+              "tasks": {"source": "tau2", "path": TASKS, "ids": [task.id]}, "samples_per_task": 2, "max_steps": 8,
+              "concurrency": 1}
+    with FakeServer(rules=[Rule(fn=agent)]) as server:
+        summary = asyncio.run(generate(load_config({**config, "llm": _llm(server.base_url)}), tmp_path / "out"))
+    records = {t.id: t for t in Dataset.open(tmp_path / "out").iter_records()}
+    good, bad = records[f"rollout/{task.id}#0"], records[f"rollout/{task.id}#1"]
+    assert summary.counts["successes"] == 1
+    assert good.reward == 1.0 and good.success and good.provenance.task_split == "train"
+    assert [s.function for s in good.steps if s.kind == "api"] == [c.function for c in calls]
+    assert bad.reward == 0.0 and not bad.success
+    assert bad.details["evaluation"]["details"]["failed"] == ["DB"]
+    assert bad.details["evaluation"]["reason"].startswith("failed DB")

@@ -8,8 +8,14 @@ import re
 import socket
 import threading
 
+import pytest
+
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
+from envs.base import Environment, Evaluation, StepResult, Task
+from envs.registry import register_env
+from envs.toolspec import obj
 from generators.runner import generate, load_config
+from schemas.models import TextObservation, Tool
 from schemas.store import Dataset
 
 ORDER = "#W3907450"  # a pending order of Diego Johansson in world 0
@@ -96,8 +102,10 @@ def _script(port: int):
 
     def answer(body: dict):
         first = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        if first.startswith("EXPLORE FOR CHALLENGE"):
-            return {"thoughts": "look at an order", "calls": [LOOK]}
+        if first.startswith("EXPLORE FOR CHALLENGE"):  # one lookup, then a note
+            if any(m["role"] == "tool" for m in body["messages"]):
+                return "The order is pending."
+            return ToolCallAnswer(LOOK["name"], LOOK["arguments"])
         if first.startswith("WRITE CHALLENGE"):
             return challenges[int(re.search(r"#(\d+)", first).group(1))]
         if body.get("tools"):
@@ -123,6 +131,8 @@ def test_self_challenging_end_to_end(tmp_path, monkeypatch):
                 # The static policy would refuse the socket / os verifiers before they run; off here so
                 # the sandbox itself is exercised (tests/reliability covers the policy).
                 "verifier_lint": False,
+                # Every challenge here asks the same thing with another verifier; dedup is tested below.
+                "dedup_threshold": None,
                 "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model",
                         "api_key_env": "TRAJFORGE_TEST_KEY", "max_retries": 1, "backoff_base_s": 0.01,
                         "request_timeout_s": 5},
@@ -139,7 +149,7 @@ def test_self_challenging_end_to_end(tmp_path, monkeypatch):
                                      for p in challenge_prompts)
 
     ds = Dataset.open(out)
-    reasons = {f.record.provenance.task_id: f.decision.reason for f in ds.iter_records("filtered")
+    reasons = {f.record.provenance.task_id.rsplit("-s0-", 1)[1]: f.decision.reason for f in ds.iter_records("filtered")
                if f.decision.filter == "challenge_check"}
     assert reasons["challenge-0001"] == "solution fails verifier: verify returned False"
     assert reasons["challenge-0002"] == "failure case 2 passes verifier"
@@ -149,6 +159,10 @@ def test_self_challenging_end_to_end(tmp_path, monkeypatch):
     assert len(reasons) == 5
     (bad,) = ds.iter_records("quarantine")
     assert bad.stage == "challenger" and "challenge-0006" in bad.location
+    # Every check's verdict carries its reason.
+    loose = next(f.record for f in ds.iter_records("filtered") if f.record.id.endswith("challenge-0002"))
+    assert [(c["case"], c["reason"]) for c in loose.details["checks"]] == [
+        ("solution", "verify returned True"), ("failure 1", "verify returned False"), ("failure 2", "verify returned True")]
     counted = {k: v for k, v in summary.reasons.items() if k.startswith("challenge_check")}
     assert counted["challenge_check: solution fails verifier"] == 1
     assert counted["challenge_check: failure case 2 passes verifier"] == 1
@@ -164,12 +178,166 @@ def test_self_challenging_end_to_end(tmp_path, monkeypatch):
     assert first.details["challenge"]["verifier"] == STRICT and first.details["challenge"]["solution"] == [CANCEL]
     assert len(first.details["challenge"]["failure_cases"]) == 3 and first.details["verifier"]["passed"] is True
     assert first.steps[0].content == INSTRUCTION and first.steps[1].function == "cancel_pending_order"
-    assert first.provenance.method == "self_challenging" and first.provenance.task_id == "challenge-0000"
+    assert first.provenance.method == "self_challenging" and first.provenance.task_id == "retail-s0-challenge-0000"
+    # The task is replayable: the solution is its reference actions, beside the verifier.
+    assert first.details["task"]["goal"]["actions"] == [CANCEL] and first.details["evaluation"]["reason"] == "verify returned True"
     assert first.provenance.prompt_template_hash and first.provenance.parent_ids
     assert summary.counts["rollout_pass"] == 1 and summary.counts["rollout_fail"] == 1
 
     # Kept tasks are re-usable from a side file.
     rows = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["retail-w0-s0-challenge-0000"]
-    assert rows[0]["instruction"] == INSTRUCTION and rows[0]["verifier"] == STRICT and rows[0]["world_seed"] == 0
+    assert [r["id"] for r in rows] == ["retail-s0-challenge-0000"]
+    assert rows[0]["instruction"] == INSTRUCTION and rows[0]["verifier"] == STRICT and rows[0]["env_config"] == {}
+    assert rows[0]["state"] == "env" and rows[0]["exploration"] == [LOOK]
     assert not list(out.glob(".tasks-*"))
+
+
+def test_without_bubblewrap_the_cli_refuses_before_any_model_call_unless_unsafe(tmp_path, monkeypatch):
+    """Generated code never runs outside the OS sandbox by default: one line says how to install it;
+    `--unsafe-no-sandbox` runs anyway, with a warning, and the inner walls still contain the code."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.setenv("TRAJFORGE_BWRAP", str(tmp_path / "no-bwrap"))
+    listener = Listener()
+    try:
+        with FakeServer(rules=[Rule(fn=_script(listener.port))]) as server:
+            config = tmp_path / "sc.yaml"
+            config.write_text(yaml.safe_dump({
+                "challenges": 2, "rollouts": 1, "max_steps": 3, "verifier_lint": False,
+                "sandbox": {"timeout_s": 2, "cpu_s": 10, "memory_mb": 256},
+                "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                        "max_retries": 0, "request_timeout_s": 5}}))
+            args = ["generate", "--method", "self_challenging", "--config", str(config)]
+            refused = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "refused")])
+            calls_when_refused = len(server.asked())
+            unsafe = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "unsafe"), "--unsafe-no-sandbox"])
+    finally:
+        listener.close()
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    (line,) = [ln for ln in refused.output.splitlines() if ln.startswith("error:")]
+    assert "bubblewrap" in line and "apt-get install bubblewrap" in line and "--unsafe-no-sandbox" in line
+    assert calls_when_refused == 0
+    assert unsafe.exit_code == 0, unsafe.output
+    assert "warning: UNSAFE" in unsafe.output and "WITHOUT the OS sandbox" in unsafe.output
+    assert listener.accepted == 0
+    reasons = {f.record.provenance.task_id: f.decision.reason for f in Dataset.open(tmp_path / "unsafe").iter_records("filtered")}
+    assert reasons["retail-s0-challenge-0001"] == "solution fails verifier: verify returned False"  # verifiers really ran
+
+
+# ---- a world without state(): the verifier reads declared read-only calls ------------------------------
+
+
+class NotesEnv(Environment):
+    """Notes behind tools and nothing else: no state(), no snapshots (as an MCP server)."""
+
+    name = "notes"
+    evaluation = "none"
+
+    def __init__(self, max_steps: int = 10, user=None) -> None:
+        super().__init__(max_steps=max_steps, user=user)
+        self.notes: dict[str, str] = {}
+        self.tickets = 0
+
+    def tools(self) -> list[Tool]:
+        key = {"key": {"type": "string"}}
+        return [Tool(name="get_note", description="Read a note.", parameters=obj(key)),
+                Tool(name="set_note", description="Write a note.", parameters=obj({**key, "value": {"type": "string"}})),
+                Tool(name="get_ticket", description="A fresh ticket number.", parameters=obj({}))]
+
+    async def _reset(self, task: Task) -> None:
+        self.notes, self.tickets = {"greeting": "hello"}, 0
+
+    async def _act(self, action) -> StepResult:
+        if action.kind == "message":
+            return StepResult(TextObservation(content="bye", source="environment"), done=True)
+        ids = {"name": action.function, "tool_call_id": action.tool_call_id}
+        if action.function == "get_note":
+            text = json.dumps({"key": action.arguments["key"], "value": self.notes.get(action.arguments["key"])})
+        elif action.function == "set_note":
+            self.notes[action.arguments["key"]] = action.arguments["value"]
+            text = "ok"
+        else:
+            self.tickets += 1  # looks like a read, changes the world
+            text = json.dumps({"ticket": self.tickets})
+        return StepResult(TextObservation(content=text, source="environment", **ids))
+
+    async def _evaluate(self, task, history) -> Evaluation:
+        return Evaluation(0.0, False, "no goal of its own")
+
+
+register_env("notes", NotesEnv, replace=True)
+
+NOTE_TASK = "Set my note 'farewell' to 'bye'."
+SET_BYE = _call("set_note", key="farewell", value="bye")
+READ_FAREWELL = _call("get_note", key="farewell")
+NOTE_VERIFIER = 'def verify(state):\n    return state[0]["value"] == "bye"\n'
+EXPLORE_CALLS = [_call("get_note", key="greeting"), _call("get_note", key="farewell"), _call("get_ticket")]
+
+
+def _notes_script(explore_bodies: list):
+    note = {"instruction": NOTE_TASK, "state_calls": [READ_FAREWELL], "verifier": NOTE_VERIFIER, "solution": [SET_BYE],
+            "failure_cases": [[], [_call("set_note", key="farewell", value="hi")],
+                              [_call("set_note", key="greeting", value="bye")]]}
+    challenges = {
+        1: note,
+        2: {**note, "instruction": "set my note 'farewell' to 'bye'!"},  # the same task, written again
+        3: {**note, "instruction": "Set my note 'todo' to 'bye'.", "state_calls": [_call("get_ticket")],
+            "verifier": "def verify(state):\n    return True\n"},  # its 'read' changes the world
+    }
+
+    def answer(body: dict):
+        first = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        if first.startswith("EXPLORE FOR CHALLENGE"):
+            explore_bodies.append(body)
+            done = sum(1 for m in body["messages"] if m["role"] == "tool")
+            call = EXPLORE_CALLS[done]  # a fourth would fail the test: the budget is 3 calls
+            return ToolCallAnswer(call["name"], call["arguments"])
+        if first.startswith("WRITE CHALLENGE"):
+            return challenges[int(re.search(r"#(\d+)", first).group(1))]
+        if not any(m["role"] == "tool" for m in body["messages"]):
+            return ToolCallAnswer(SET_BYE["name"], SET_BYE["arguments"])
+        return "Your note is set."
+
+    return answer
+
+
+def test_challenger_explores_then_tasks_are_checked_through_read_only_calls_and_deduped(tmp_path):
+    explore_bodies: list = []
+    with FakeServer(rules=[Rule(fn=_notes_script(explore_bodies))]) as server:
+        llm = {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+               "max_retries": 0, "request_timeout_s": 5}
+        with pytest.raises(ValueError, match="needs a state a verifier can read"):
+            load_config({"method": "self_challenging", "env": "notes", "state": "env", "llm": llm})
+        cfg = load_config({"method": "self_challenging", "env": "notes", "challenges": 3, "explore_steps": 3,
+                           "rollouts": 1, "max_steps": 4, "concurrency": 1, "unit_tasks": 1, "llm": llm})
+        summary = asyncio.run(generate(cfg, tmp_path / "out"))
+        written = [m for m in server.asked() if m.startswith("WRITE CHALLENGE")]
+
+    # The challenger explored over three turns, each prompt showing the results before it.
+    first_challenge = explore_bodies[:3]
+    assert [sum(m["role"] == "tool" for m in b["messages"]) for b in first_challenge] == [0, 1, 2]
+    second = first_challenge[1]["messages"]
+    assert [m for m in second if m["role"] == "tool"][0]["content"] == '{"key": "greeting", "value": "hello"}'
+    assert len(explore_bodies) == 9 and summary.counts["exploration_calls"] == 9
+    assert 'RESULT {"key": "greeting", "value": "hello"}' in written[0] and 'RESULT {"ticket": 1}' in written[0]
+    assert "state calls" in written[0]
+
+    ds = Dataset.open(tmp_path / "out")
+    decisions = {f.record.id.rsplit("-", 1)[1]: (f.decision.filter, f.decision.reason) for f in ds.iter_records("filtered")}
+    assert decisions["0001"] == ("dedup", "near-duplicate task: of notes-s0-challenge-0000 (similarity 1.0)")
+    assert decisions["0002"] == ("challenge_check", "state calls are not read-only: a second read gave different "
+                                                    "results (after the solution)")
+    assert summary.counts["challenges_duplicate"] == 1 and summary.counts["challenges_kept"] == 1
+    assert summary.reasons["dedup: near-duplicate task"] == 1
+
+    # The kept task was rolled out; the verifier read the note back through get_note after the episode.
+    (rollout,) = ds.iter_records()
+    assert rollout.reward == 1.0 and rollout.details["verifier"] == {"passed": True, "error": None, "value": "True",
+                                                                     "reason": "verify returned True"}
+    assert rollout.details["challenge"]["state_calls"] == [READ_FAREWELL]
+    assert [s.function for s in rollout.steps if s.kind == "api"] == ["set_note"]  # state reads are not in the record
+    rows = [json.loads(line) for line in (tmp_path / "out" / "tasks.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["notes-s0-challenge-0000"] and rows[0]["state"] == "calls"

@@ -1,4 +1,5 @@
-"""step_verify: LLM judge + retail rules label mcts_splice output; agreement; KTO export; the CLI."""
+"""step_verify: LLM judge + rules label mcts_splice output; the judge measured against replay labels and
+reference actions; KTO export; the CLI."""
 
 from __future__ import annotations
 
@@ -12,22 +13,24 @@ from typer.testing import CliRunner
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from backends.types import ChatRequest
 from converters.export import ExportConfig, export
+from envs.base import Task
 from filters.step_judge import agreement
 from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig
 from generators.step_verify import StepVerify, StepVerifyConfig
-from schemas.store import Dataset
 from generators.scripted import ScriptedRetailLLM, cancel_tasks
+from schemas.models import ApiAction, MessageAction, TextObservation, Trajectory
+from schemas.store import Dataset
 
 
 def make_search_output(path: Path, llm: ScriptedRetailLLM, **cfg) -> Path:
-    method = MCTSSplice(MCTSSpliceConfig(num_tasks=1, **cfg), llm)
+    method = MCTSSplice(MCTSSpliceConfig(tasks={"n": 1}, **cfg), llm)
     asyncio.run(method.run(method.tasks(), Dataset.create(path, stage="generate:mcts_splice")))
     return path
 
 
 def make_verified_output(root: Path, llm: ScriptedRetailLLM, **search) -> tuple[Path, Path, dict]:
     src = make_search_output(root / "search", llm, **search)
-    method = StepVerify(StepVerifyConfig(input=str(src), judge="both"), llm)
+    method = StepVerify(StepVerifyConfig(input=str(src), verifier="both"), llm)
     out = Dataset.create(root / "verified", stage="generate:step_verify")
     summary = asyncio.run(method.run(method.tasks(), out))
     return src, root / "verified", summary.counts
@@ -49,17 +52,25 @@ def test_labels_reasons_and_agreement(tmp_path):
     assert spliced.steps[1].extra["judge_reason"] and spliced.steps[1].extra["rule_label"] == "bad"
     # They disagree only where the scripted judge calls a reference call good although it errs
     # (the correct cancel after the wrong one): the rules see the error.
-    cells = {f"{a}_{b}": counts[f"llm_{a}_rules_{b}"] for a in ("good", "bad") for b in ("good", "bad")}
+    # The retail rules replay the world: they are ground truth ("replay") to measure the judge against.
+    cells = {f"{a}_{b}": counts[f"judge_replay_{a}_{b}"] for a in ("good", "bad") for b in ("good", "bad")}
     assert cells["bad_good"] == 0 and cells["good_bad"] > 0 and cells["bad_bad"] > 0
     stats = agreement(cells)
-    assert 0.8 < counts["judge_agreement"] == stats["agreement"] < 1.0 and counts["judge_kappa"] == stats["kappa"] > 0.5
-    assert Dataset.open(out).manifest()["step_verify"] == stats
-    assert spliced.details["step_verify"]["agreement"] == 1.0
+    assert 0.8 < stats["accuracy"] < 1.0 and stats["kappa"] > 0.5
+    assert stats["bad_precision"] == 1.0 and 0 < stats["bad_recall"] < 1.0
+    assert Dataset.open(out).manifest()["step_verify"] == {"replay": stats, "ground_truth": stats}
+    assert spliced.details["step_verify"] == {"reference": "replay", "ground_truth": True, "compared": 5,
+                                              "accuracy": 1.0, "kappa": 1.0, "bad_precision": 1.0, "bad_recall": 1.0}
 
 
 def test_kappa_math():
     assert agreement({"good_good": 5, "bad_bad": 5})["kappa"] == 1.0
-    assert agreement({"good_good": 3, "good_bad": 1, "bad_good": 1, "bad_bad": 3}) == {"compared": 8, "agreement": 0.75, "kappa": 0.5}
+    assert agreement({"good_good": 3, "good_bad": 1, "bad_good": 1, "bad_bad": 3}) == {
+        "compared": 8, "accuracy": 0.75, "kappa": 0.5, "bad_precision": 0.75, "bad_recall": 0.75}
+    # The judge calls 1 of 4 steps bad, rightly; it misses 2 bad steps: precision 1, recall 1/3.
+    assert agreement({"good_good": 1, "good_bad": 2, "bad_bad": 1}) == {
+        "compared": 4, "accuracy": 0.5, "kappa": 0.2, "bad_precision": 1.0, "bad_recall": 0.3333}
+    assert agreement({"good_good": 2})["bad_precision"] is None
 
 
 def test_kto_export_uses_step_labels(tmp_path):
@@ -105,7 +116,7 @@ def test_cli_runs_mcts_splice_then_step_verify(tmp_path):
         common = {"concurrency": 1, "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake",
                                              "api_key_env": "TRAJFORGE_TEST_KEY", "max_retries": 1,
                                              "request_timeout_s": 10}}
-        (tmp_path / "mcts.yaml").write_text(yaml.safe_dump({**common, "num_tasks": 1, "search": {"iterations": 3}}))
+        (tmp_path / "mcts.yaml").write_text(yaml.safe_dump({**common, "tasks": {"n": 1}, "search": {"iterations": 3}}))
         run = CliRunner().invoke(app, ["generate", "--method", "mcts_splice", "--config", str(tmp_path / "mcts.yaml"),
                                        "--output", str(tmp_path / "search")])
         assert run.exit_code == 0, run.output
@@ -113,9 +124,126 @@ def test_cli_runs_mcts_splice_then_step_verify(tmp_path):
         run = CliRunner().invoke(app, ["generate", "--method", "step_verify", "--config", str(tmp_path / "verify.yaml"),
                                        "--output", str(tmp_path / "verified")])
         assert run.exit_code == 0, run.output
+    # The judge's agreement with the retail replay labels is printed with the run's summary.
+    stats = Dataset.open(tmp_path / "verified").manifest()["step_verify"]["replay"]
+    printed = " ".join(run.output.replace("│", " ").split())
+    assert f"judge vs replay labels compared {stats['compared']}, accuracy {stats['accuracy']}, kappa {stats['kappa']}" in printed
     search = Dataset.open(tmp_path / "search")
     verified = list(Dataset.open(tmp_path / "verified").iter_records())
     assert search.complete and search.count() > 0 and len(verified) == search.count()
     assert search.count("pairs") == 2  # one trajectory-level and one step-level pair
     assert sum(1 for t in verified if t.details["role"] == "spliced") == 1
     assert any(s.label in ("good", "bad") for t in verified for s in t.steps)
+
+
+# ---- tau2-style reference actions as ground truth, through the CLI --------------------------------------
+
+REFS = [{"action_id": "0_0", "name": "get_order_details", "arguments": {"order_id": "#W1"}},
+        {"action_id": "0_1", "name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}}]
+
+
+def _reference_trajectory() -> Trajectory:
+    def call(i: int, name: str, answer: str, **arguments) -> list:
+        return [ApiAction(function=name, arguments=arguments, tool_call_id=f"call_{i}"),
+                TextObservation(content=answer, source="environment", name=name, tool_call_id=f"call_{i}")]
+
+    task = Task(id="tau2-0", env="mcp", instruction="Cancel order #W1, I no longer need it.", goal={"actions": REFS})
+    steps = [TextObservation(content=task.instruction, source="user"),
+             *call(1, "get_user_details", '{"user_id": "u1"}', user_id="u1"),          # a read: good
+             *call(3, "cancel_pending_order", "ok", order_id="#W1", reason="ordered by mistake"),  # wrong write: bad
+             *call(5, "get_order_details", "Error: order #W9 not found", order_id="#W9"),  # an error: bad
+             *call(7, "cancel_pending_order", "ok", order_id="#W1", reason="no longer needed"),  # reference: good
+             MessageAction(content="Your order is cancelled.")]                         # no reference: unlabeled
+    return Trajectory(id="mcp/tau2-0", source="rollout", steps=steps, details={"task": task.model_dump(mode="json")})
+
+
+def _reference_judge(body: dict) -> dict:
+    """A judge that catches the wrong write but not the failed lookup."""
+    step = body["messages"][-1]["content"].split("The step:\n", 1)[1].split("\n\nAfter the step:", 1)[0]
+    bad = "ordered by mistake" in step
+    return {"label": "bad" if bad else "good", "reason": "wrong cancel reason" if bad else "looks right"}
+
+
+def test_judge_is_measured_against_reference_actions_and_the_cli_prints_it(tmp_path):
+    from flows.cli import app
+
+    src = Dataset.create(tmp_path / "rollouts")
+    with src.unit("u0") as unit:
+        unit.write_many("trajectories", [_reference_trajectory()])
+    with FakeServer(rules=[Rule(fn=_reference_judge)]) as server:
+        llm = {"backend": "openai", "base_url": server.base_url, "api_key_env": None, "max_retries": 0}
+        (tmp_path / "verify.yaml").write_text(yaml.safe_dump({
+            "input": str(tmp_path / "rollouts"), "verifier": "llm",
+            "llm": {**llm, "model": "agent-model"}, "judge": {"llm": {**llm, "model": "judge-model"}}}))
+        run = CliRunner().invoke(app, ["generate", "--method", "step_verify", "--config", str(tmp_path / "verify.yaml"),
+                                       "--output", str(tmp_path / "verified")], terminal_width=240)
+        models = {e["body"]["model"] for e in server.log if "body" in e}
+    assert run.exit_code == 0, run.output
+    assert models == {"judge-model"}  # the grading model, configured apart from the acting one
+    # Truth: good, bad (a write no reference action has), bad (an error), good (the reference write).
+    # Judge: good, bad, good, good -> accuracy 3/4, its one "bad" is right (precision 1), it finds 1 of 2 (recall 0.5).
+    stats = {"compared": 4, "accuracy": 0.75, "kappa": 0.5, "bad_precision": 1.0, "bad_recall": 0.5}
+    assert Dataset.open(tmp_path / "verified").manifest()["step_verify"] == {"reference": stats, "ground_truth": stats}
+    printed = " ".join(run.output.replace("│", " ").split())  # the summary table, its wrapped cells joined
+    assert "judge vs reference actions compared 4, accuracy 0.75, kappa 0.5, bad precision 1.0, bad recall 0.5" in printed
+    assert "judge LLM calls 5" in printed  # one per agent step
+    (out,) = Dataset.open(tmp_path / "verified").iter_records()
+    assert out.details["step_verify"] == {"reference": "reference", "ground_truth": True, **stats}
+    labels = {i: (s.label, s.extra.get("truth_label"), s.extra.get("truth_reason")) for i, s in enumerate(out.steps)
+              if s.kind in ("api", "message")}
+    assert labels == {
+        1: ("good", "good", "read-only call succeeded"),
+        3: ("bad", "bad", "a write (cancel_pending_order) that matches no reference action"),
+        5: ("good", "bad", "tool error: Error: order #W9 not found"),
+        7: ("good", "good", "matches reference action 2 (cancel_pending_order)"),
+        9: ("good", None, None)}
+    assert out.steps[3].extra["judge_reason"] == "wrong cancel reason"
+
+
+def test_the_judge_gets_the_rules_the_agent_followed(tmp_path):
+    """The judge's prompt names no domain of its own; it carries the agent's rules: the config's, else the
+    trajectory's system turn, else the policy of the environment the trajectory recorded."""
+    weather = {"name": "get_weather", "description": "Weather for a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    steps = [TextObservation(content="Weather in Paris?", source="user"),
+             ApiAction(function="get_weather", arguments={"city": "Paris"}, tool_call_id="call_1"),
+             TextObservation(content="sunny", source="environment", tool_call_id="call_1"),
+             MessageAction(content="It is sunny.")]
+    system = TextObservation(content="Answer in French.", source="environment", name="system")
+    records = [
+        Trajectory(id="own", source="test", steps=[system, *steps]),
+        Trajectory(id="env", source="test", steps=steps,
+                   details={"env": {"name": "simulated"}, "env_config": {"tools": [weather], "policy": "Cite the source."}}),
+        Trajectory(id="plain", source="test", steps=steps),
+    ]
+    src = Dataset.create(tmp_path / "in")
+    with src.unit("u0") as unit:
+        unit.write_many("trajectories", records)
+    prompts: dict[str, list[str]] = {}
+
+    def judge(body: dict) -> dict:
+        system_prompt, prompt = body["messages"][0]["content"], body["messages"][-1]["content"]
+        assert "customer" not in system_prompt
+        prompts.setdefault(prompt.split("Task:", 1)[0], []).append(prompt)
+        return {"label": "good", "reason": "fine"}
+
+    def run(out: str, **cfg) -> dict:
+        with FakeServer(rules=[Rule(fn=judge)]) as server:
+            llm = {"backend": "openai", "base_url": server.base_url, "api_key_env": None, "max_retries": 0}
+            config = StepVerifyConfig(input=str(tmp_path / "in"), verifier="llm", llm=llm, **cfg)
+            from backends.registry import make_llm
+
+            model = make_llm(config.llm)
+            try:
+                method = StepVerify(config, model)
+                return asyncio.run(method.run(method.tasks(), Dataset.create(tmp_path / out))).counts
+            finally:
+                asyncio.run(model.aclose())
+
+    counts = run("a")
+    assert (counts["policy_system"], counts["policy_env"], counts["policy_none"]) == (1, 1, 1)
+    assert set(prompts) == {"Rules the agent must follow:\nAnswer in French.\n\n",
+                            "Rules the agent must follow:\nCite the source.\n\n", ""}
+    prompts.clear()
+    counts = run("b", policy="Be brief.")
+    assert counts["policy_config"] == 3 and set(prompts) == {"Rules the agent must follow:\nBe brief.\n\n"}

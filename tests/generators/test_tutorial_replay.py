@@ -1,177 +1,298 @@
-"""tutorial_replay end to end against the fake OpenAI-compatible server with scripted answers."""
+"""tutorial_replay (AgentTrek) on real pages: the shipped tutorials replayed in Chromium on the shipped shop
+and on MiniWoB++ pages, with scripted answers from the fake OpenAI-compatible server; the decoys are dropped
+with their reasons. Plus the start-page rules, the config's refusals and the simulated web env."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import base64
 from pathlib import Path
+from typing import Any
 
-from backends.fake_server import FakeServer, Rule, ToolCallAnswer
-from envs.registry import make_env
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from backends.fake_server import FakeServer, Rule
 from generators.runner import generate, load_config
-from generators.tutorial_replay import TaskSpecification, TutorialReplay, load_tutorials
+from generators.tutorial_replay import TutorialReplay, TutorialSite, load_tutorials, start_page
 from schemas.store import Dataset
 from tests.conftest import REPO
+from tests.generators._browser_agent import LOGIN, ORDER_SOCKS, Move, bid, call, first_user, next_move, text_of
 
-SAMPLES = REPO / "samples" / "tutorials"
+CONFIG = REPO / "configs" / "tutorial_replay.yaml"
+TUTORIALS = REPO / "samples" / "tutorials"
+SHOP = REPO / "samples" / "sites" / "tiny-shop"
+SITES = [
+    {"name": "tiny-shop", "description": "Tiny Shop, a small web shop", "url": "index.html",
+     "hosts": ["tinyshop.example"]},
+    {"name": "miniwob", "description": "MiniWoB++ task pages", "miniwob": True},
+]
+REAL = ["miniwob-enter-text", "miniwob-login-form", "tiny-shop-contact-support", "tiny-shop-find-a-price",
+        "tiny-shop-order-socks"]
+DECOYS = ["github-reset-password", "sourdough-bread", "tiny-shop-spring-news", "tomato-gardening"]
 
-SPECS = {
-    "How to cancel a pending order": {
-        "platform": "retail", "goal": "Cancel the customer's pending order with an accepted reason.",
-        "prerequisites": ["the order is pending"],
-        "steps": ["Find the user id by email or name and zip.", "Get the order details.",
-                  "Cancel the pending order with the reason."],
-        "expected_outcome": "The order is cancelled and refunded.",
-    },
-    "How to return a delivered item": {
-        "platform": "retail", "goal": "Return items of a delivered order to the original payment method.",
-        "prerequisites": ["the order is delivered"],
-        "steps": ["Find the user id.", "Get the order details.", "Return the delivered order items."],
-        "expected_outcome": "The order is return requested and a refund is recorded.",
-    },
-}
 CLASSES = {
-    "How to cancel a pending order": {"is_tutorial": True, "platform": "retail", "reason": "order support how-to"},
-    "How to return a delivered item": {"is_tutorial": True, "platform": "retail", "reason": "order support how-to"},
-    "Simple sourdough bread": {"is_tutorial": True, "platform": "other", "reason": "a bread recipe"},
-    "How to buy a mug in the web shop": {"is_tutorial": True, "platform": "web", "reason": "web shop how-to"},
+    "tiny-shop-order-socks": {"is_tutorial": True, "site": "tiny-shop", "reason": "an ordering how-to for Tiny Shop"},
+    "tiny-shop-find-a-price": {"is_tutorial": True, "site": "tiny-shop", "reason": "a search how-to for Tiny Shop"},
+    "tiny-shop-contact-support": {"is_tutorial": True, "site": "tiny-shop", "reason": "a contact-form how-to"},
+    "miniwob-login-form": {"is_tutorial": True, "site": "miniwob", "reason": "the login-user page"},
+    "miniwob-enter-text": {"is_tutorial": True, "site": "miniwob", "reason": "the enter-text page"},
+    "tiny-shop-spring-news": {"is_tutorial": False, "site": "tiny-shop", "reason": "a shop announcement, not a how-to"},
+    "github-reset-password": {"is_tutorial": True, "site": "none", "reason": "a GitHub how-to; GitHub is not served"},
+}
+SPECS = {
+    "tiny-shop-order-socks": {"start_url": "index.html", "goal": "Order two pairs of red socks from Tiny Shop as Ada.",
+                              "steps": ["Click Red socks.", "Set Quantity to 2 and click Add to cart.",
+                                        "Go to the cart, type Ada as the name, accept the terms, place the order."],
+                              "expected_outcome": "An Order placed page listing Red socks x 2."},
+    "tiny-shop-find-a-price": {"start_url": "https://tinyshop.example/index.html",
+                               "goal": "What does the green scarf cost at Tiny Shop? Use the search.",
+                               "steps": ["Type scarf into Search and press Enter.", "Read the price."],
+                               "expected_outcome": "The scarf's price, 9.00."},
+    "tiny-shop-contact-support": {"start_url": "contact.html",
+                                  "goal": "Ask Tiny Shop, from ada@example.com, to take back the blue hat: too small.",
+                                  "steps": ["Type the email.", "Select Returns as the topic.", "Write the message.",
+                                            "Click Send."],
+                                  "expected_outcome": "A Message sent page about Returns."},
+    "miniwob-login-form": {"start_url": "login-user", "goal": "Sign in with the username and password the page gives.",
+                           "steps": ["Type the username.", "Type the password.", "Click Login."],
+                           "expected_outcome": "The page accepts the sign-in."},
+    "miniwob-enter-text": {"start_url": "miniwob/enter-text.html",
+                           "goal": "Type the word the page asks for into the text field and submit it.",
+                           "steps": ["Type the word.", "Click Submit."], "expected_outcome": "The page accepts it."},
+}
+GOALS = {spec["goal"]: tid for tid, spec in SPECS.items()}
+
+
+# Per tutorial: the scripted agent's moves, one per action taken (the last answers the user).
+AGENT: dict[str, list[Move]] = {
+    "tiny-shop-order-socks": ORDER_SOCKS,
+    "tiny-shop-find-a-price": [
+        lambda p: call("type", bid=bid(p, "textbox", "Search"), text="scarf", press_enter=True),
+        lambda p: call("send_msg_to_user", text="The green scarf costs 9.00."),
+    ],
+    # This agent forgets to choose the topic: the judge sees "Order" on the final page and says so.
+    "tiny-shop-contact-support": [
+        lambda p: call("type", bid=bid(p, "textbox", "Your email"), text="ada@example.com"),
+        lambda p: call("type", bid=bid(p, "textbox", "Message"), text="Please take back the blue hat: too small."),
+        lambda p: call("click", bid=bid(p, "button", "Send")),
+        lambda p: "Sent.",
+    ],
+    "miniwob-login-form": LOGIN,
+    # This agent types a wrong word: the page's reward says it failed, the (lenient) judge does not.
+    "miniwob-enter-text": [
+        lambda p: call("type", bid=bid(p, "textbox"), text="wrong"),
+        lambda p: call("click", bid=bid(p, "button", "Submit")),
+    ],
 }
 
 
-def _first_user(body: dict) -> str:
-    return next(m["content"] for m in body["messages"] if m["role"] == "user")
-
-
-def _title(prompt: str) -> str:
-    return prompt.split("Title: ", 1)[1].split("\n", 1)[0]
+def _judge(prompt: str) -> dict[str, Any]:
+    task = prompt.split("Task: ", 1)[1].split("\n", 1)[0]
+    page = prompt.split("# Final page\n", 1)[1]
+    answer = prompt.split("# Final answer of the agent\n", 1)[1].split("\n", 1)[0]
+    tid = GOALS[task]
+    if tid == "tiny-shop-order-socks":
+        ok = "Order placed" in page and "Red socks x 2" in page
+    elif tid == "tiny-shop-find-a-price":
+        ok = "9.00" in answer
+    elif tid == "tiny-shop-contact-support":
+        ok = 'about "Returns"' in page
+    else:
+        ok = True
+    return {"reason": f"the final page {'shows' if ok else 'does not show'} the expected outcome", "success": ok}
 
 
 class Script:
-    """Answers every request the pipeline makes: classifier, spec, agent turns, judge."""
+    """Every request the pipeline makes: classifier, spec writer, agent turns, judge."""
 
     def __init__(self) -> None:
-        with make_env("retail", seed=0) as env:
-            self.tasks = {t.instruction: t for t in env.generate_tasks(28, seed=0)}
+        self.titles = {t["title"]: t["id"] for t in load_tutorials([str(TUTORIALS)])}
 
-    def __call__(self, body: dict):
-        first = _first_user(body)
+    def __call__(self, body: dict[str, Any]) -> Any:
+        first = first_user(body)
         if first.startswith("CLASSIFY THIS TEXT"):
-            return CLASSES[_title(first)]
+            return CLASSES[self.titles[first.split("Title: ", 1)[1].split("\n", 1)[0]]]
         if first.startswith("WRITE THE TASK SPEC"):
-            return SPECS[_title(first)]
+            return SPECS[self.titles[first.split("Title: ", 1)[1].split("\n", 1)[0]]]
         if first.startswith("JUDGE THIS REPLAY"):
-            if "return" in first.split("Goal: ", 1)[1].split("\n", 1)[0].lower():
-                return "I think it went fine, probably."  # never valid JSON: structured() gives up
-            return {"thoughts": "The order was cancelled with a reason.", "success": True}
+            return _judge(first)
         if body.get("tools"):
-            # The agent: replay the task's reference actions, one per turn, then close.
-            actions = self.tasks[first].goal["actions"]
-            done = sum(1 for m in body["messages"] if m["role"] == "tool")
-            if done < len(actions):
-                return ToolCallAnswer(actions[done]["function"], actions[done]["arguments"])
-            return "All done: your request has been processed successfully."
+            return next_move(body, AGENT[GOALS[first]])
         return None
 
 
-def _config(tutorials: str, base_url: str, **extra) -> dict:
-    return {
-        "method": "tutorial_replay",
-        "tutorials": [tutorials],
-        "platforms": ["retail"],
-        "concurrency": 2,
-        "unit_tasks": 2,
-        "max_steps": 8,
-        "llm": {"backend": "openai", "base_url": base_url, "model": "fake-model", "api_key_env": "TRAJFORGE_TEST_KEY",
-                "max_retries": 1, "backoff_base_s": 0.01, "request_timeout_s": 5},
-        **extra,
-    }
+def _llm(base_url: str, model: str = "fake-model") -> dict[str, Any]:
+    return {"backend": "openai", "base_url": base_url, "model": model, "api_key_env": None, "max_retries": 0,
+            "request_timeout_s": 20}
 
 
-def _tutorial_file(tmp_path: Path) -> str:
-    by_id = {t["id"]: t for t in load_tutorials([str(SAMPLES)])}
-    rows = [by_id[i] for i in ("cancel-pending-order", "return-delivered-item", "sourdough-bread", "tomato-gardening",
-                               "buy-a-mug-web-shop")]
-    path = tmp_path / "tutorials.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+def _config(base_url: str, tutorials: list[str], **extra: Any) -> dict[str, Any]:
+    return {"method": "tutorial_replay", "tutorials": tutorials, "sites": SITES, "env": "browser",
+            "env_config": {"site_dir": str(SHOP), "step_timeout_s": 20, "action_timeout_s": 3},
+            "llm": _llm(base_url), "judge": {"llm": _llm(base_url, "fake-judge"), "vision": True},
+            "concurrency": 2, "unit_tasks": 3, "max_steps": 10, **extra}
 
 
-def test_samples_load_and_prefilter():
-    tutorials = load_tutorials([str(SAMPLES)])
-    ids = [t["id"] for t in tutorials]
-    assert "README" not in ids and len(ids) == 8 and ids == sorted(ids)
-    assert {t["id"]: t["title"] for t in tutorials}["cancel-pending-order"] == "How to cancel a pending order"
-    method = TutorialReplay(load_config({"method": "tutorial_replay"}), llm=None)
-    dropped = [t["id"] for t in tutorials if not method.prefilter(t["title"] + "\n" + t["text"])]
-    assert dropped == ["tomato-gardening"]  # the bread recipe says "return the dough": the classifier drops it
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The shipped tutorials with the shipped config, through `trajforge generate` (models: the fake server)."""
+    from flows.cli import app
+
+    root = tmp_path_factory.mktemp("tutorial-replay")
+    config = yaml.safe_load(CONFIG.read_text())
+    with FakeServer(rules=[Rule(fn=Script())]) as server:
+        config.update(llm=_llm(server.base_url), judge={"llm": _llm(server.base_url, "fake-judge"), "vision": True},
+                      tutorials=[str(TUTORIALS)], max_steps=10)
+        config["env_config"].update(site_dir=str(SHOP), step_timeout_s=20, action_timeout_s=3)
+        config["sites"][0]["hosts"] = ["tinyshop.example"]
+        (root / "config.yaml").write_text(yaml.safe_dump(config))
+        cli = CliRunner().invoke(app, ["generate", "--method", "tutorial_replay", "--config", str(root / "config.yaml"),
+                                       "--output", str(root / "out")], terminal_width=240)
+        log = [e["body"] for e in server.log if "body" in e]
+    assert cli.exit_code == 0, cli.output
+    ds = Dataset.open(root / "out")
+    return {"out": root / "out", "output": cli.output, "counts": ds.unit_counts(), "log": log,
+            "kept": {t.details["tutorial"]["id"]: t for t in ds.iter_records()},
+            "filtered": {f.record.details["tutorial"]["id"]: f for f in ds.iter_records("filtered")},
+            "quarantined": list(ds.iter_records("quarantine"))}
 
 
-def test_specs_map_to_matching_retail_task_kinds():
-    method = TutorialReplay(load_config({"method": "tutorial_replay"}), llm=None)
-    cases = {
-        "cancel": "Cancel a pending order with a reason.",
-        "return": "Return delivered items to the original payment method.",
-        "exchange": "Exchange a delivered item for another variant.",
-        "modify_address": "Change the shipping address of a pending order.",
-        "order_total": "Tell the customer the status and total of an order.",
-    }
-    for kind, goal in cases.items():
-        spec = TaskSpecification(platform="retail", goal=goal, steps=["Find the user id."], expected_outcome="done")
-        task, how = method.map_task("retail", spec, "some-tutorial")
-        assert task is not None and task.metadata["kind"] == kind, (kind, how)
-        assert task.goal["state_hash"]  # the env can verify it
-    again, _ = method.map_task("retail", TaskSpecification(platform="retail", goal=cases["cancel"], steps=[],
-                                                           expected_outcome=""), "some-tutorial")
-    assert again.metadata["kind"] == "cancel"  # deterministic per tutorial id
-    web, _ = method.map_task("web", TaskSpecification(platform="web", goal="Buy a mug in the web shop and check out.",
-                                                      steps=["Click Add to cart."], expected_outcome="an order"), "mug")
-    assert web.metadata["kind"] == "purchase" and web.env == "web" and web.goal
-    nothing, how = method.map_task("retail", TaskSpecification(platform="retail", goal="Bake bread", steps=[],
-                                                               expected_outcome="bread"), "x")
-    assert nothing is None and "no task kind keyword" in how
-
-
-def test_tutorial_replay_end_to_end(tmp_path):
-    tutorials = _tutorial_file(tmp_path)
-    script = Script()
-    with FakeServer(rules=[Rule(fn=script)]) as server:
-        cfg = load_config(_config(tutorials, server.base_url))
-        out = tmp_path / "out"
-        summary = asyncio.run(generate(cfg, out))
-        agent_requests = [e["body"] for e in server.log if e.get("body", {}).get("tools")]
-    ds = Dataset.open(out)
-    kept = list(ds.iter_records())
-    filtered = {f.record.details["tutorial"]["id"]: f for f in ds.iter_records("filtered")}
-    assert summary.tasks == 5 and summary.processed == 5
-    assert len(kept) + len(filtered) == 5 and not list(ds.iter_records("quarantine"))
-
-    # The relevant tutorial was replayed with the right steps and verified by the environment.
-    (traj,) = kept
-    assert traj.id == "tutorial_replay/cancel-pending-order#0" and traj.source == "tutorial_replay"
-    env_task = script.tasks[traj.details["env_task"]["instruction"]]
-    assert traj.details["env_task"]["kind"] == "cancel" and env_task.metadata["kind"] == "cancel"
-    assert traj.details["calls"] == env_task.goal["actions"]
-    assert [s.kind for s in traj.steps][:3] == ["text", "api", "text"] and traj.steps[-1].source == "user"
-    assert traj.reward == 1.0 and traj.success is True and traj.details["success_source"] == "env"
-    assert traj.details["judge"]["success"] is True and traj.details["judge"]["agrees_with_env"] is True
-    assert traj.details["spec"]["steps"] == SPECS["How to cancel a pending order"]["steps"]
-    assert {t.name for t in traj.tools} >= {"cancel_pending_order", "get_order_details"}
-    p = traj.provenance
-    assert p.method == "tutorial_replay" and p.task_id == "cancel-pending-order" and p.source_id == "cancel-pending-order"
-    assert p.prompt_template_hash and p.model == "openai:fake-model" and p.trajforge_version
-    # The agent saw the tutorial's spec in its system prompt.
-    cancel_prompts = [b for b in agent_requests if "Cancel the pending order with the reason." in b["messages"][0]["content"]]
-    assert cancel_prompts and "Follow it step by step" in cancel_prompts[0]["messages"][0]["content"]
-
-    # Each irrelevant tutorial is dropped at the right stage, with its reason.
+def test_every_tutorial_is_kept_or_filtered_with_a_reason(run: dict[str, Any]) -> None:
+    kept, filtered = run["kept"], run["filtered"]
+    assert not run["quarantined"], [q.error for q in run["quarantined"]]
+    assert sorted(kept) == ["miniwob-login-form", "tiny-shop-find-a-price", "tiny-shop-order-socks"]
+    assert sorted([*kept, *filtered]) == sorted(REAL + DECOYS)
     reasons = {tid: (f.decision.filter, f.decision.reason) for tid, f in filtered.items()}
-    assert reasons["tomato-gardening"][0] == "prefilter" and reasons["tomato-gardening"][1].startswith("no keyword")
-    assert reasons["sourdough-bread"] == ("classifier", "platform other not enabled: a bread recipe")
-    assert reasons["buy-a-mug-web-shop"] == ("classifier", "platform web not enabled: web shop how-to")
-    # The judge never gave a valid answer: the replay is rejected with the reason, reward kept.
-    judge, why = reasons["return-delivered-item"]
-    assert judge == "judge" and why.startswith("no verdict") and "3 attempts" in why
-    rejected = filtered["return-delivered-item"].record
-    assert rejected.reward == 1.0 and rejected.details["judge"] is None and rejected.details["env_task"]["kind"] == "return"
-    assert summary.reasons["prefilter: no keyword"] == 1 and summary.reasons["judge: no verdict"] == 1
-    assert summary.counts["replay_success"] == 1
+    # The decoys, each at the stage that should catch it.
+    assert reasons["tomato-gardening"] == ("prefilter", "no keyword: none of the prefilter's keywords appears")
+    assert reasons["sourdough-bread"][0] == "prefilter"
+    assert reasons["tiny-shop-spring-news"] == ("classifier", "not a tutorial: a shop announcement, not a how-to")
+    assert reasons["github-reset-password"] == ("classifier", "site not served: a GitHub how-to; GitHub is not served")
+    # Replays that failed: by the judge's reason (no check of its own), by the page's reward (MiniWoB).
+    assert reasons["tiny-shop-contact-support"] == (
+        "outcome", "unsuccessful: the final page does not show the expected outcome")
+    what, why = reasons["miniwob-enter-text"]
+    assert what == "outcome" and why.startswith("unsuccessful: MiniWoB reward -1") and "(judge: the final page shows" in why
+    counts = run["counts"]
+    assert counts["tasks"] == 9 and counts["replay_success"] == 3 and counts["replay_failure"] == 2
+    assert counts["judge_agrees_with_env"] == 1 and counts["judge_disagrees_with_env"] == 1
+    printed = " ".join(run["output"].replace("│", " ").split())
+    assert "prefilter: no keyword 2" in printed and "outcome: unsuccessful 2" in printed
+    # The prefilter's drops cost no model call.
+    classified = [text_of(b["messages"][1]) for b in run["log"] if text_of(b["messages"][1]).startswith("CLASSIFY")]
+    assert len(classified) == 7 and not any("balcony" in c or "sourdough" in c for c in classified)
+
+
+def test_kept_trajectories_start_with_their_tutorials_goal(run: dict[str, Any]) -> None:
+    tutorials = {t["id"]: t for t in load_tutorials([str(TUTORIALS)])}
+    agent_requests = [b for b in run["log"] if b.get("tools")]
+    spec_requests = [b for b in run["log"] if text_of(b["messages"][1]).startswith("WRITE THE TASK SPEC")]
+    for tid, traj in run["kept"].items():
+        goal = SPECS[tid]["goal"]
+        # The spec writer read this tutorial; its goal is the episode's first user turn.
+        assert any(tutorials[tid]["text"] in text_of(b["messages"][1]) for b in spec_requests)
+        assert traj.steps[0].kind == "text" and traj.steps[0].source == "user" and traj.steps[0].content == goal
+        assert traj.steps[1].kind == "web" and traj.id == f"tutorial_replay/{tid}#0"
+        assert traj.details["spec"]["goal"] == goal and traj.details["tutorial"]["title"] == tutorials[tid]["title"]
+        assert traj.provenance.task_id == tid and traj.success is True
+        # The agent was asked with the goal as the user's request and the spec's steps in its system prompt.
+        mine = [b for b in agent_requests if text_of(b["messages"][1]) == goal]
+        assert mine and all(step in mine[0]["messages"][0]["content"] for step in SPECS[tid]["steps"])
+        assert "Follow it step by step" in mine[0]["messages"][0]["content"]
+    socks = run["kept"]["tiny-shop-order-socks"]
+    assert socks.steps[-2].kind == "message" and "Order placed" in socks.steps[-3].axtree
+    assert socks.details["success_source"] == "judge" and socks.details["judge"]["model"] == "openai:fake-judge"
+    # A public URL of the site opened the served copy.
+    price = run["kept"]["tiny-shop-find-a-price"]
+    assert price.details["spec"]["start"] == {"start_url": "/index.html"} and price.steps[1].url.startswith("http://127.0.0.1")
+    login = run["kept"]["miniwob-login-form"]
+    assert login.details["spec"]["start"] == {"miniwob": "login-user"} and login.details["success_source"] == "env"
+    assert login.reward == 1.0 and login.details["evaluation"]["reason"].startswith("MiniWoB reward +1")
+    assert login.details["judge"]["agrees_with_env"] is True
+
+
+def test_the_judge_sees_the_final_page_with_its_screenshot(run: dict[str, Any]) -> None:
+    judged = [b for b in run["log"] if text_of(b["messages"][1]).startswith("JUDGE THIS REPLAY")]
+    assert len(judged) == 5 and all(b["model"] == "fake-judge" for b in judged)
+    socks = run["kept"]["tiny-shop-order-socks"]
+    final = [s for s in socks.steps if s.kind == "web"][-1]
+    (request,) = [b for b in judged if SPECS["tiny-shop-order-socks"]["goal"] in text_of(b["messages"][1])]
+    prompt = text_of(request["messages"][1])
+    assert '- select_option({"bid": ' in prompt and "thanks.html?name=Ada" in prompt and f"page {final.url}" in prompt
+    assert f"screenshot: {final.screenshot.path}" in prompt and "Red socks x 2" in prompt
+    # judge.vision: the screenshot itself went along, the very file the record points to.
+    images = [p for p in request["messages"][1]["content"] if p.get("type") == "image_url"]
+    assert len(images) == 1
+    data = base64.b64decode(images[0]["image_url"]["url"].split(",", 1)[1])
+    assert data == (run["out"] / final.screenshot.path).read_bytes() and data.startswith(b"\x89PNG")
+    assert run["counts"]["judge_screenshots_shown"] == 5
+
+
+def test_start_pages_resolve_against_the_site() -> None:
+    shop = TutorialSite(name="shop", description="a shop", url="index.html", hosts=["Shop.Example"])
+    assert start_page(shop, "") == ({"start_url": "index.html"}, "")
+    assert start_page(shop, "cart.html?x=1") == ({"start_url": "cart.html?x=1"}, "")
+    assert start_page(shop, "https://shop.example/cart.html#top") == ({"start_url": "/cart.html#top"}, "")
+    assert start_page(shop, "https://github.com/login")[1] == "start_url 'https://github.com/login' is not on site shop"
+    assert "is not a web page" in start_page(shop, "file:///etc/passwd")[1]
+    remote = TutorialSite(name="app", description="an app", url="http://127.0.0.1:8000/app/", hosts=["app.example"])
+    assert start_page(remote, "settings") == ({"start_url": "http://127.0.0.1:8000/app/settings"}, "")
+    assert start_page(remote, "http://127.0.0.1:8000/x") == ({"start_url": "http://127.0.0.1:8000/x"}, "")
+    assert start_page(remote, "https://app.example/a?b=1") == ({"start_url": "http://127.0.0.1:8000/a?b=1"}, "")
+    wob = TutorialSite(name="wob", description="MiniWoB", miniwob=True)
+    assert start_page(wob, "http://x/miniwob/click-test.html") == ({"miniwob": "click-test"}, "")
+    assert start_page(wob, "book-a-spaceship")[1].startswith("no MiniWoB++ task page 'book-a-spaceship'")
+
+
+def test_config_refusals() -> None:
+    base = {"method": "tutorial_replay", "sites": SITES[:1], "env_config": {"site_dir": str(SHOP)}}
+    load_config(base)  # the browser by default
+    with pytest.raises(ValueError, match="needs web pages to explore; environment 'retail'"):
+        load_config({**base, "env": "retail", "env_config": {}})
+    with pytest.raises(ValueError, match="MiniWoB\\+\\+ pages need env: browser"):
+        load_config({**base, "env": "web", "env_config": {}, "sites": SITES})
+    with pytest.raises(ValueError, match="its pages are relative"):
+        load_config({**base, "env_config": {}})
+    with pytest.raises(ValueError, match="duplicate names"):
+        load_config({**base, "sites": [SITES[0], SITES[0]]})
+    with pytest.raises(ValueError, match="may not be named 'none'"):
+        load_config({**base, "sites": [{"name": "none", "description": "x"}]})
+    with pytest.raises(ValueError, match="sites"):
+        load_config({"method": "tutorial_replay", "env_config": {"site_dir": str(SHOP)}})
+    method = TutorialReplay(load_config(base), llm=None)
+    assert method.prefilter("Click the Search button, then type a word") == ["click", "button", "type", "search"]
+    assert method.prefilter("A prototype of clickable buttons") == []  # whole words only
+
+
+def test_replay_in_the_simulated_web_env(tmp_path: Path) -> None:
+    """The simulated web env has pages too: the simulator is told the start page; the goal opens the episode."""
+    tid = "tiny-shop-find-a-price"
+
+    def script(body: dict[str, Any]) -> Any:
+        first = first_user(body)
+        if first.startswith("CLASSIFY THIS TEXT"):
+            return CLASSES[tid]
+        if first.startswith("WRITE THE TASK SPEC"):
+            return {**SPECS[tid], "start_url": "/search.html?q=scarf"}
+        if first.startswith("SIMULATE"):
+            return {"url": "https://tinyshop.example/search.html?q=scarf", "done": False,
+                    "axtree": '{"elements": [{"bid": "1", "role": "text", "name": "Green scarf costs 9.00"}]}'}
+        if first.startswith("JUDGE THIS REPLAY"):
+            return _judge(first)
+        if body.get("tools"):
+            return "The green scarf costs 9.00."
+        return None
+
+    with FakeServer(rules=[Rule(fn=script)]) as server:
+        cfg = _config(server.base_url, [str(TUTORIALS / f"{tid}.md")], env="simulated",
+                      env_config={"mode": "web", "policy": "Tiny Shop, a small web shop."},
+                      sites=[{**SITES[0], "url": "https://tinyshop.example/"}])
+        summary = asyncio.run(generate(load_config(cfg), tmp_path / "out"))
+        starts = [text_of(b["messages"][1]) for b in (e["body"] for e in server.log) if
+                  text_of(b["messages"][1]).startswith("SIMULATE START PAGE")]
+    (traj,) = Dataset.open(tmp_path / "out").iter_records()
+    assert summary.counts["replay_success"] == 1 and traj.success
+    assert traj.steps[0].content == SPECS[tid]["goal"] and traj.steps[1].kind == "web"
+    assert len(starts) == 1 and "https://tinyshop.example/search.html?q=scarf" in starts[0]

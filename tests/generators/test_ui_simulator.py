@@ -1,10 +1,14 @@
-"""ui_simulator end to end against the fake OpenAI-compatible server: propose -> rollout -> judge -> rewrite -> grow."""
+"""ui_simulator end to end against the fake OpenAI-compatible server: propose -> rollout -> judge -> rewrite -> grow
+(by the student's teacher-forcing loss from prompt logprobs, or, warned and counted, by success rate)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+
+import pytest
 
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from generators.runner import generate, load_config
@@ -79,7 +83,7 @@ def _config(base_url: str, **extra) -> dict:
     return {
         "method": "ui_simulator", "env": "simulated",
         "env_config": {"mode": "web", "policy": "A small web shop that sells mugs."},
-        "rounds": 2, "tasks_per_round": 3, "walk_steps": 1, "attempts": 3, "max_failures": 2, "max_steps": 4,
+        "rounds": 2, "tasks_per_round": 3, "walk_steps": 1, "attempts": 4, "max_failures": 2, "max_steps": 4,
         "grow": True, "band_low": 0.25, "band_high": 0.75, "variants_per_task": 2, "grow_rounds": 1,
         "concurrency": 2, "unit_tasks": 1,
         "llm": {"backend": "openai", "base_url": base_url, "model": "fake-model", "api_key_env": "TRAJFORGE_TEST_KEY",
@@ -88,13 +92,16 @@ def _config(base_url: str, **extra) -> dict:
     }
 
 
-def test_ui_simulator_propose_rollout_judge_rewrite_grow(tmp_path):
+def test_ui_simulator_propose_rollout_judge_rewrite_grow_by_success_rate(tmp_path, caplog):
+    """No student model: Grow falls back to the teacher's success rate over 4 attempts, warned and counted."""
     out = tmp_path / "out"
-    with FakeServer(rules=[Rule(fn=script)]) as server:
+    with FakeServer(rules=[Rule(fn=script)]) as server, caplog.at_level(logging.WARNING, "trajforge.generators"):
         summary = asyncio.run(generate(load_config(_config(server.base_url)), out))
         proposer = [b for b in (e["body"] for e in server.log if "body" in e)
                     if _first_user(b).startswith("PROPOSE TASKS (round 0)")]
-    assert summary.tasks == 2 and summary.processed == 2
+        grow_prompts = [_first_user(e["body"]) for e in server.log
+                        if "body" in e and _first_user(e["body"]).startswith("GROW TASK VARIANTS")]
+    assert summary.tasks == 3 and summary.processed == 3  # two rounds and one grown task
     # The proposer saw the start page and the page the random walk reached.
     assert len(proposer) == 1 and "Page 1: http://mugs.test/" in _first_user(proposer[0])
     assert "Page 2: http://mugs.test/mugs" in _first_user(proposer[0])
@@ -102,38 +109,117 @@ def test_ui_simulator_propose_rollout_judge_rewrite_grow(tmp_path):
     ds = Dataset.open(out)
     kept = {t.id: t for t in ds.iter_records()}
     buy, price, cents = "round-0000/t0", "round-0000/t1", "round-0000/t1/v0"
-    assert sorted(kept) == sorted([f"ui_simulator/{buy}#{a}" for a in range(3)]
-                                  + [f"ui_simulator/{price}#{a}" for a in (0, 2)]
-                                  + [f"ui_simulator/{cents}#{a}" for a in range(3)])
+    assert sorted(kept) == sorted([f"ui_simulator/{buy}#{a}" for a in range(4)]
+                                  + [f"ui_simulator/{price}#{a}" for a in (0, 2, 3)]
+                                  + [f"ui_simulator/{cents}#{a}" for a in range(4)])
     for t in kept.values():
         assert t.success is True and t.reward == 1.0 and t.source == "ui_simulator"
         assert t.steps[0].source == "user" and t.steps[0].content == f"Rewritten: {t.details['original_instruction']}"
         assert t.details["rewritten_instruction"] == t.steps[0].content
         assert t.steps[1].kind == "web" and t.steps[1].url == "http://mugs.test/"  # the explored start page
-        assert t.details["judge"]["success"] is True and t.details["walk"] == [HOME["url"], MUGS["url"]]
+        assert t.details["judge"]["success"] is True and t.details["judge"]["reasoning"] == "done as asked"
+        assert t.details["walk"] == [HOME["url"], MUGS["url"]]
         assert [x.name for x in t.tools] == ["click", "type", "scroll", "go_back", "goto"]
         assert t.provenance.method == "ui_simulator" and t.provenance.task_id == t.details["task"]["id"]
     bought = kept[f"ui_simulator/{buy}#0"]
     assert [s.kind for s in bought.steps] == ["text", "web", "api", "web", "message", "text"]
     assert bought.details["original_instruction"] == "Buy the blue mug." and bought.provenance.parent_ids == []
+    # Only the price task (3 of 4 attempts) lies in the [0.25, 0.75] band: the purchase is always solved and
+    # the moon was dropped after two failures.
+    assert len(grow_prompts) == 1 and "Task: Find the price of the blue mug." in grow_prompts[0]
+    assert "Agent success: 3 of 4 attempts." in grow_prompts[0]
     variant = kept[f"ui_simulator/{cents}#0"]
     assert variant.provenance.parent_ids == [price]
     assert variant.details["task"] | {} == {"id": cents, "expected_outcome": "500 cents", "depth": 1, "parent": price,
                                             "direction": "harder"}
+    grow = variant.details["grow"]
+    assert grow["selected_by"] == "success_rate" and grow["success_rate"] == 0.75 and grow["parent"] == price
+    assert "no student model is configured" in grow["reason"]
 
     filtered = sorted((f.record.id, f.decision.filter, f.decision.reason) for f in ds.iter_records("filtered"))
     assert filtered == sorted(
         [(f"ui_simulator/{price}#1", "completion", "unsuccessful: outcome not reached")]
         + [(f"ui_simulator/round-0000/t2#{a}", "completion", "unsuccessful: outcome not reached") for a in (0, 1)]
         + [(f"ui_simulator/round-0000/t1/v1#{a}", "completion", "unsuccessful: outcome not reached") for a in (0, 1)])
-    # The moon and the cheapest-mug variant were dropped after 2 failures (no third attempt).
     c = summary.counts
-    assert c["dropped_tasks"] == 2 and c["failed:unsuccessful"] == 5 and c["attempts"] == 13
-    assert c["successes"] == 8 and c["rewritten"] == 8 and c["variants"] == 2 and c["proposed_tasks"] == 3
-    assert c["outside_band"] == 1  # the always-solved purchase is too easy to grow
+    assert c["dropped_tasks"] == 2 and c["failed:unsuccessful"] == 5 and c["attempts"] == 16
+    assert c["successes"] == 11 and c["rewritten"] == 11 and c["variants"] == 2 and c["proposed_tasks"] == 3
+    assert c["outside_band"] == 1 and c["grow_dropped_tasks"] == 1  # the purchase is too easy; the moon dropped
+    assert c["grow_fallback"] == 1 and c["grow_selected_by_success_rate"] == 1
+    assert any("Grow chooses tasks by the teacher's success rate over 4 attempts" in r.message and
+               "no student model" in r.message for r in caplog.records)
     [q] = list(ds.iter_records("quarantine"))
     assert q.stage == "propose" and q.location == "task round-0001"
     assert summary.reasons == {"completion: unsuccessful": 5, "propose: no valid task proposals": 1}
+
+
+def test_grow_without_a_student_needs_four_attempts():
+    with pytest.raises(ValueError, match="needs attempts >= 4"):
+        load_config(_config("http://127.0.0.1:9/v1", attempts=2))
+
+
+LOSSES = {"Task A.": 0.5, "Task B.": 1.0, "Task C.": 2.0, "Task D.": 3.0, "Task E.": 4.0}
+
+
+def _shop(body: dict):
+    """Web-shop rounds: five proposed tasks, all done and judged done; one variant per grown task."""
+    prompt = _first_user(body)
+    if body.get("tools"):
+        return "Done."
+    if prompt.startswith("PROPOSE TASKS"):
+        return {"tasks": [{"instruction": t, "expected_outcome": "done"} for t in LOSSES]}
+    if prompt.startswith("JUDGE TASK COMPLETION"):
+        return {"reasoning": "done", "success": True}
+    if prompt.startswith("GROW TASK VARIANTS"):
+        task = prompt.split("Task: ", 1)[1].split("\n", 1)[0]
+        return {"variants": [{"instruction": f"{task} Twice.", "expected_outcome": "done", "direction": "harder"}]}
+    return None
+
+
+def _student_loss(body: dict) -> float:
+    """The student finds each task's trajectories as hard as LOSSES says (nats per token)."""
+    text = " ".join(str(m.get("content")) for m in body["messages"])
+    return -next(loss for task, loss in LOSSES.items() if task in text)
+
+
+def _grow_run(tmp_path, student_server: FakeServer, **extra):
+    config = _config("", env="web", env_config={"seed": 0}, rounds=1, tasks_per_round=5, walk_steps=0, attempts=1,
+                     rewrite=False, **extra)
+    config["student"] = {"llm": {**config["llm"], "base_url": student_server.base_url, "model": "student"}}
+    with FakeServer(rules=[Rule(fn=_shop)]) as server:
+        config["llm"]["base_url"] = server.base_url
+        summary = asyncio.run(generate(load_config(config), tmp_path / "out"))
+        grown = sorted(_first_user(e["body"]).split("Task: ", 1)[1].split("\n", 1)[0] for e in server.log
+                       if "body" in e and _first_user(e["body"]).startswith("GROW TASK VARIANTS"))
+        assert not any("prompt_logprobs" in e["body"] for e in server.log if "body" in e)
+    return summary, grown, list(Dataset.open(tmp_path / "out").iter_records())
+
+
+def test_grow_picks_the_tasks_whose_student_loss_lies_in_the_band(tmp_path):
+    with FakeServer(prompt_logprob=_student_loss) as student:
+        summary, grown, kept = _grow_run(tmp_path, student)
+        scored = [e["body"] for e in student.log if "body" in e]
+    # The student scored each task's trajectory with prompt logprobs; the 25th-75th percentile of the
+    # losses 0.5, 1, 2, 3, 4 is [1, 3]: B, C and D are grown, A (learned) and E (too hard) are not.
+    assert len(scored) == 5 and all(b["prompt_logprobs"] == 1 and b["model"] == "student" for b in scored)
+    assert grown == ["Task B.", "Task C.", "Task D."]
+    variants = {t.details["original_instruction"]: t.details["grow"] for t in kept if t.details["task"]["depth"] == 1}
+    assert sorted(variants) == ["Task B. Twice.", "Task C. Twice.", "Task D. Twice."]
+    assert {v["student_loss"] for v in variants.values()} == {1.0, 2.0, 3.0}
+    assert all(v["selected_by"] == "student_loss" and v["band"] == [1.0, 3.0] for v in variants.values())
+    assert "within the 25%-75% percentile band [1.0000, 3.0000] of 5 tasks" in variants["Task C. Twice."]["reason"]
+    c = summary.counts
+    assert c["grow_selected_by_student_loss"] == 3 and c["outside_band"] == 2 and c["grow_scored_trajectories"] == 5
+    assert "grow_fallback" not in c
+
+
+def test_a_student_server_that_cannot_score_falls_back_with_a_warning(tmp_path, caplog):
+    with FakeServer(prompt_logprob=None) as student, caplog.at_level(logging.WARNING, "trajforge.generators"):
+        summary, grown, _ = _grow_run(tmp_path, student)
+    # One attempt each, all solved: a success rate of 1 is outside the band, nothing is grown.
+    assert grown == [] and summary.counts["grow_fallback"] == 1 and summary.counts["outside_band"] == 5
+    [warning] = [r.message for r in caplog.records if "Grow chooses tasks" in r.message]
+    assert "the student model cannot score" in warning and "returned no prompt_logprobs" in warning
 
 
 def test_ui_simulator_in_the_web_shop(tmp_path):

@@ -87,14 +87,15 @@ def test_chunk_with_bad_and_unstorable_records_matches_the_row_path(tmp_path, ad
     path = write_jsonl(tmp_path / "in.jsonl", records)
     with open(path, "ab") as fh:
         fh.write(b'{"id": "truncated", "content": [\n')
-    fn = get_converter("adp").fn
+    info = get_converter("adp")
+    fn = info.fn
     # Quarantine rows compared without their time, in id order (runs quarantine run by run).
     strip = lambda rows: sorted(({k: v for k, v in r.items() if k != "created_at"} for r in rows),  # noqa: E731
                                 key=lambda r: r["id"])
     for chunk in plan_chunks([str(path)], 6):
         # Runs of 4 records: a chunk's second run starts mid-chunk, and a run with an
         # unstorable record is converted again by rows from the right place.
-        runs = list(convert_to_batches(chunk, fn, 4))
+        runs = list(convert_to_batches(chunk, info, 4))
         assert [r[3]["in"] for r in runs] == [4, chunk.stop - chunk.start - 4]
         batch = pa.Table.from_batches([r[0] for r in runs]).combine_chunks().to_batches()[0]
         ids = [i for r in runs for i in r[1]]
@@ -105,7 +106,7 @@ def test_chunk_with_bad_and_unstorable_records_matches_the_row_path(tmp_path, ad
         assert strip([row for r in runs for row in r[2]]) == strip(ref_bad)
     # The three bad records are named, each with its problem.
     chunks = plan_chunks([str(path)], 6)
-    bad = [row for chunk in chunks for run in convert_to_batches(chunk, fn, 4) for row in run[2]]
+    bad = [row for chunk in chunks for run in convert_to_batches(chunk, info, 4) for row in run[2]]
     errors = {row["location"].rsplit(":", 1)[-1] if ":" in row["location"] else row["location"]: row["error"]
               for row in bad}
     assert len(bad) == 3

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -10,6 +13,8 @@ import pytest
 
 from pipelines.inputs import InputError, ParseFailure, plan_chunks, read_chunk
 from tests.pipelines._data import uniform, write_jsonl, write_parquet
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _read_all(inputs: list[str], chunk_size: int) -> list[tuple[str, object]]:
@@ -139,3 +144,27 @@ def test_parquet_row_with_invalid_utf8_is_a_parse_failure_and_the_rest_reads(tmp
     bad = got[1][1]
     assert isinstance(bad, ParseFailure) and "invalid UTF-8" in bad.error
     assert "'n': 2" in bad.text and "b\ufffd" in bad.text  # the row is kept, bad bytes replaced
+
+
+def test_planning_a_big_jsonl_file_does_not_map_it_into_memory(tmp_path):
+    big = tmp_path / "big.jsonl"
+    line = b'{"id": "x", "text": "' + b"y" * 4000 + b'"}\n'
+    with open(big, "wb") as fh:
+        for _ in range(64):
+            fh.write(line * 256)  # 64 MiB in all
+    # 1 MiB blocks: what stays resident is a block and its flags, whatever the file's size. The
+    # peak is measured from just before planning (writing 5 to clear_refs resets it).
+    script = """
+import sys
+from pipelines import inputs
+def status(key):
+    return int(next(line for line in open("/proc/self/status") if line.startswith(key)).split()[1])
+inputs._BLOCK = 1 << 20
+before = status("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")
+inputs.plan_chunks([sys.argv[1]], 1000)
+print(status("VmHWM:") - before)
+"""
+    grown_kib = int(subprocess.run([sys.executable, "-c", script, str(big)], capture_output=True, text=True,
+                                   check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
+    assert grown_kib < 16 * 1024, f"planning grew resident memory by {grown_kib // 1024} MiB for a 64 MiB file"

@@ -9,7 +9,13 @@ records. This module checks what the stages around the converters promise on bad
   datasets): reading either works, with every record accounted for, or fails with InputError
   naming the file;
 - the CLI (`convert`, `validate`, `stats`, `export`, `generate` with a tasks file), run in
-  process: a clear one-line error or success, never a traceback.
+  process: a clear one-line error or success, never a traceback;
+- classes found by hand, kept fixed: outputs that cannot be written (a file, under a file, a
+  symlink loop, read-only) for every writing command; filter/dedup/mix on missing, directory,
+  foreign or damaged shards; export of records that fail validation; generate configs that
+  cannot run (deep YAML, alias bombs, unknown env or env setting, a device as tasks file, too many
+  tasks, an unreachable or malformed base_url, a config too big or a directory) and a job where
+  every task fails; filter configs and card paths of the wrong kind.
 
 Sizes: the fast run draws a few hundred cases; `--reliability-full` draws more than 10,000.
 """
@@ -21,8 +27,10 @@ import functools
 import gzip
 import io
 import json
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +48,15 @@ from pipelines.convert_work import _to_batch, convert_records
 from pipelines.inputs import InputError, ParseFailure, plan_chunks, read_chunk
 from schemas.arrow import QUARANTINE_SCHEMA
 from schemas.store import Dataset
-from backends.fake_server import FakeServer, Rule
+from backends.fake_server import FakeServer, FakeServerConfig, Rule
 from tests.conftest import REPO
 from tests.factories import pair, tool_trajectory
 from tests.reliability._jobs import retail_agent
 
 sys.path.insert(0, str(REPO / "tests" / "converters"))
 from _compare import available  # noqa: E402
-from test_fuzz import _paths, _set, json_values, seeds  # noqa: E402
+from _fuzz import replaced, value_paths  # noqa: E402
+from test_fuzz import json_values, seeds  # noqa: E402
 
 SETTINGS = dict(deadline=None, derandomize=False, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -87,10 +96,10 @@ def _record(draw: Any, name: str) -> tuple[Any, bool]:
     if kind == "sample":
         return base, True
     for _ in range(draw(st.integers(1, 3))):
-        path = draw(st.sampled_from(_paths(base)))
+        path = draw(st.sampled_from(value_paths(base)))
         value = draw(json_values)
         try:
-            base = _set(base, path, lambda _: value)
+            base = replaced(base, path, lambda _: value)
         except (KeyError, IndexError, TypeError):
             continue
     return base, True
@@ -355,7 +364,7 @@ def test_generate_cli_on_corrupt_task_and_config_files(tmp_path, size):
         root.mkdir()
         tasks, config = root / "tasks.jsonl", root / "config.yaml"
         tasks.write_bytes(data.draw(_tasks_file()))
-        cfg = {"method": "rollout", "env": "retail", "tasks_file": str(tasks), "max_steps": 1, "unit_tasks": 2,
+        cfg = {"method": "rollout", "env": "retail", "tasks": {"source": "jsonl", "path": str(tasks)}, "max_steps": 1, "unit_tasks": 2,
                "llm": llm}
         text = yaml.safe_dump(cfg).encode()
         damaged = _damage(text, data.draw) if data.draw(st.booleans()) else text
@@ -366,3 +375,172 @@ def test_generate_cli_on_corrupt_task_and_config_files(tmp_path, size):
     with server:
         llm["base_url"] = server.base_url
         _run(check, size(10, 600))
+
+
+# ---- outputs that cannot be written, damaged shards, bad configs: classes found by hand, kept fixed --------------
+
+
+def _unwritable_outputs(root: Path) -> dict[str, Path]:
+    """An output path of each kind that cannot be a dataset directory."""
+    file = root / "a-file"
+    file.write_text("not a directory")
+    loop = root / "loop"
+    loop.symlink_to(root / "loop2")
+    (root / "loop2").symlink_to(loop)
+    if os.geteuid() == 0:  # root writes through permissions: a kernel file system refuses instead
+        read_only = Path("/sys/trajforge-out")
+    else:
+        locked = root / "locked"
+        locked.mkdir(mode=0o555)
+        read_only = locked / "out"
+    return {"file": file, "under-a-file": file / "out", "symlink-loop": loop / "out", "read-only": read_only}
+
+
+def test_unwritable_outputs_fail_cleanly_for_every_writing_command(tmp_path, good_dataset):
+    server = FakeServer(rules=[Rule(fn=retail_agent)])
+    outputs = _unwritable_outputs(tmp_path)
+    filters_yaml = tmp_path / "filters.yaml"
+    filters_yaml.write_text("- {name: well_formed}\n")
+    gen_yaml = tmp_path / "gen.yaml"
+    sample = REPO / "samples" / "adp" / "agenttuning_os" / "sample_std.json"
+    with server:
+        gen_yaml.write_text(yaml.safe_dump({"env": "retail", "tasks": {"n": 1}, "max_steps": 1, "llm": {
+            "backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None}}))
+        for kind, out in outputs.items():
+            for args in (["convert", "--source", "adp", "--input", str(sample), "--output", str(out)],
+                         ["filter", str(good_dataset), "--config", str(filters_yaml), "--output", str(out)],
+                         ["dedup", str(good_dataset), "--output", str(out)],
+                         ["mix", str(good_dataset), "--output", str(out)],
+                         ["generate", "--method", "rollout", "--config", str(gen_yaml), "--output", str(out)]):
+                result = _cli(args)
+                assert result.exit_code == 1, (kind, args[0], result.output)
+                _assert_clean_exit(result, (str(out), out.name))
+
+
+def _damaged_shard(root: Path, good: Path, how: str) -> Path:
+    path = root / how / "ds"
+    shutil.copytree(good, path)
+    shard = Dataset.open(path).shard_files()[0]
+    if how == "missing":
+        shard.unlink()
+    elif how == "directory":
+        shard.unlink()
+        shard.mkdir()
+    elif how == "foreign":
+        pq.write_table(pa.table({"x": [1, 2]}), shard)
+    elif how == "footer":
+        shard.write_bytes(shard.read_bytes()[:-20])
+    else:  # pages: the footer reads, a column's compressed data does not
+        chunk = pq.ParquetFile(shard).metadata.row_group(0).column(2)
+        data = bytearray(shard.read_bytes())
+        for at in range(chunk.data_page_offset + 30, chunk.data_page_offset + chunk.total_compressed_size - 2):
+            data[at] ^= 0x5A
+        shard.write_bytes(bytes(data))
+        pq.ParquetFile(shard)  # still opens: only reading the rows fails
+    return path
+
+
+@pytest.mark.parametrize("how", ["missing", "directory", "foreign", "footer", "pages"])
+def test_stages_on_damaged_shards_fail_cleanly(how, tmp_path, good_dataset):
+    path = _damaged_shard(tmp_path, good_dataset, how)
+    filters_yaml = tmp_path / "filters.yaml"
+    filters_yaml.write_text("- {name: well_formed}\n")
+    for args in (["filter", str(path), "--config", str(filters_yaml), "--output", str(tmp_path / how / "f")],
+                 ["dedup", str(path), "--output", str(tmp_path / how / "d")],
+                 ["mix", str(path), "--output", str(tmp_path / how / "m")]):
+        result = _cli(args)
+        assert result.exit_code == 1, (how, args[0], result.output)
+        _assert_clean_exit(result, (str(path),))
+
+
+def test_export_of_records_that_fail_validation_fails_cleanly(tmp_path):
+    from schemas.arrow import TO_ROW
+
+    path = tmp_path / "ds"
+    ds = Dataset.create(path, stage="test")
+    with ds.unit("u0") as unit:
+        unit.write("trajectories", tool_trajectory(0))
+        row = TO_ROW["trajectories"](tool_trajectory(1))
+        row["id"] = ""  # storable in Arrow, refused by the model
+        unit.write_row("trajectories", row)
+    ds.mark_complete()
+    result = _cli(["export", str(path), "--format", "trl-sft", "--output", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    _assert_clean_exit(result, (str(path),))
+
+
+def _generate_config_cases(root: Path, base_url: str) -> dict[str, Any]:
+    """Config texts (or paths) of a rollout job that cannot run, each with what the error must name."""
+    good = {"env": "retail", "tasks": {"n": 1}, "max_steps": 1,
+            "llm": {"backend": "openai", "base_url": base_url, "model": "fake-model", "api_key_env": None,
+                    "max_retries": 0, "request_timeout_s": 5}}
+    deep = "a: " + "[" * 1200 + "]" * 1200 + "\n"
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "env_config: {seed: *i}\n"
+    cases: dict[str, Any] = {
+        "deep-yaml": (deep, "nested too deeply"),
+        "alias-bomb": (bomb, "expands to more than"),
+        "self-alias": ("a: &a [*a]\n", "contains itself"),
+        "env-nosuch": (yaml.safe_dump({**good, "env": "nosuch"}), "unknown environment 'nosuch'"),
+        "env-config-key": (yaml.safe_dump({**good, "env_config": {"colour": "red"}}), "unknown key(s) colour"),
+        "tasks-dev-zero": (yaml.safe_dump({**good, "tasks": {"source": "jsonl", "path": "/dev/zero"}}), "not a regular file"),
+        "tasks-directory": (yaml.safe_dump({**good, "tasks": {"source": "jsonl", "path": str(root)}}), "not a regular file"),
+        "n-tasks-huge": (yaml.safe_dump({**good, "tasks": {"n": 1_000_000_000_000}}), "less than or equal to 1000000"),
+        "unreachable-url": (yaml.safe_dump({**good, "llm": {**good["llm"], "base_url": "http://127.0.0.1:9/v1"}}),
+                            "http://127.0.0.1:9/v1"),
+        "malformed-url": (yaml.safe_dump({**good, "llm": {**good["llm"], "base_url": "localhost:8000"}}),
+                          "not an http(s) URL"),
+        "oversized": ("# " + "x" * (2 << 20) + "\n", "more than"),
+    }
+    return cases
+
+
+def test_generate_configs_that_cannot_run_fail_cleanly_before_starting(tmp_path):
+    server = FakeServer(rules=[Rule(fn=retail_agent)])
+    with server:
+        for name, (text, said) in _generate_config_cases(tmp_path, server.base_url).items():
+            config = tmp_path / f"{name}.yaml"
+            config.write_text(text)
+            started = time.monotonic()
+            result = _cli(["generate", "--method", "rollout", "--config", str(config), "--output", str(tmp_path / name)])
+            assert result.exit_code == 1, (name, result.output)
+            _assert_clean_exit(result, (str(config),))
+            assert said in result.output, (name, result.output)
+            assert time.monotonic() - started < 30, name
+            assert not (tmp_path / name).exists(), f"{name}: the output was made before the config was checked"
+        asked = len(server.log)
+    assert asked == 0, "a config that cannot run still reached the model"
+    config = tmp_path / "dir-config"
+    config.mkdir()
+    result = _cli(["generate", "--method", "rollout", "--config", str(config), "--output", str(tmp_path / "o")])
+    _assert_clean_exit(result, (str(config),))
+    assert result.exit_code == 1 and "is a directory" in result.output
+
+
+def test_a_job_where_every_task_fails_exits_non_zero(tmp_path):
+    server = FakeServer(FakeServerConfig(fault_rate=1.0, faults=("500",)))
+    with server:
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump({"env": "retail", "tasks": {"n": 3}, "max_steps": 1, "llm": {
+            "backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+            "max_retries": 0}}))
+        result = _cli(["generate", "--method", "rollout", "--config", str(config), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    _assert_clean_exit(result, (str(tmp_path / "out"),))
+    assert "nothing succeeded: all 3 task(s)" in result.output
+
+
+def test_filter_config_and_card_paths_of_the_wrong_kind_fail_cleanly(tmp_path, good_dataset):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "filters: *i\n")
+    for config in (tmp_path, bomb, tmp_path / "missing.yaml"):
+        result = _cli(["filter", str(good_dataset), "--config", str(config), "--output", str(tmp_path / "out")])
+        assert result.exit_code == 1, result.output
+        _assert_clean_exit(result, (str(config),))
+    file = tmp_path / "card.json"
+    file.write_text("{}")
+    for target in (file, tmp_path / "missing"):
+        result = _cli(["card", str(target)])
+        assert result.exit_code == 1, result.output
+        _assert_clean_exit(result, (str(target),))

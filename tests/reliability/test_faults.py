@@ -24,7 +24,7 @@ def test_generation_with_20pct_mixed_faults_accounts_for_every_task(tmp_path, si
     server = FakeServer(FakeServerConfig(rules=[Rule(fn=retail_agent)], fault_rate=0.2, faults=FAULT_KINDS,
                                          stall_s=2.0, retry_after=0.001, seed=11))
     cfg = load_config({
-        "method": "rollout", "env": "retail", "env_config": {"seed": 0}, "n_tasks": n_tasks, "max_steps": 3,
+        "method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": n_tasks}, "max_steps": 3,
         "keep_failed": True, "unit_tasks": 4, "concurrency": 8,
         # One retry: enough faults still exhaust it, so the quarantine path runs too.
         "llm": {"backend": "openai", "base_url": "", "model": "fake-model", "api_key_env": None, "max_retries": 1,

@@ -92,7 +92,7 @@ def test_pipeline_flow_leaks_no_key(tmp_path, key, prefect_api, capfd, caplog):
             "output": str(out), "llm": _llm(server), "retries": 0,
             "convert": [{"name": "adp", "source": "adp", "inputs": [str(ADP)]}],
             "generate": [{"name": "rollout", "method": "rollout", "env": "retail", "env_config": {"seed": 0},
-                          "n_tasks": 6, "max_steps": 3, "keep_failed": True, "unit_tasks": 2, "concurrency": 2}],
+                          "tasks": {"n": 6}, "max_steps": 3, "keep_failed": True, "unit_tasks": 2, "concurrency": 2}],
             "filter": {"chain": _judge_chain(server, out / "judge_cache.sqlite")},
             "dedup": {"threshold": 0.9},
             "mix": {"weights": {"adp": 1.0, "rollout": 1.0}, "seed": 0},
@@ -133,7 +133,7 @@ def test_cli_stages_leak_no_key(tmp_path, key, caplog):
     with _server(key) as server:
         gen_cfg, chain = tmp_path / "rollout.yaml", tmp_path / "filters.yaml"
         gen_cfg.write_text(yaml.safe_dump({
-            "method": "rollout", "env": "retail", "env_config": {"seed": 0}, "n_tasks": 6, "max_steps": 3,
+            "method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": 6}, "max_steps": 3,
             "keep_failed": True, "unit_tasks": 2, "concurrency": 2, "llm": _llm(server)}))
         chain.write_text(yaml.safe_dump(_judge_chain(server, tmp_path / "judge_cache.sqlite")))
         cli("convert", "--source", "adp", "--input", ADP, "--output", tmp_path / "adp")

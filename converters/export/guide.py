@@ -1,0 +1,91 @@
+"""How to train on an export: the trainer settings under which loss falls only where it should.
+
+The dataset card shows this section; `docs/export.md` gives the same settings. Checked with TRL
+1.16 (`tests/export/test_trl_trainers.py` asserts on the trainers' own batch tensors).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TRL_TEMPLATES = (
+    "It needs a chat template with `{% generation %}` markers. TRL 1.16 swaps in its bundled training template "
+    "when it knows the model family (Qwen 2.5 / 3 / 3.5 / 3.6, Llama 3, Gemma, GLM-4-MoE, gpt-oss, DeepSeek-V3, "
+    "Nemotron 3, LFM2, Phi-3, Cohere, ...); for any other template use `--format tokenized`, whose masks do not "
+    "depend on the trainer.")
+MAX_LENGTH = (
+    "`max_length=None` (or at least your longest row in tokens): TRL's default of 1024 cuts longer rows at the end"
+    "{drops}.")
+
+
+def kto_weights(labels: dict[str, int]) -> tuple[float, float]:
+    """(desirable_weight, undesirable_weight) that put TRL's balance ratio
+    desirable_weight * n_desirable / (undesirable_weight * n_undesirable) at 1 (TRL wants [1, 4/3])."""
+    good, bad = labels.get("desirable", 0), labels.get("undesirable", 0)
+    if not good or not bad:
+        return 1.0, 1.0
+    return (round(bad / good, 2), 1.0) if bad > good else (1.0, round(good / bad, 2))
+
+
+def _code(lines: list[str]) -> list[str]:
+    return ["```python", *lines, "```", ""]
+
+
+def training_section(data: dict[str, Any]) -> list[str]:
+    """Markdown: the config to train with, and what the export could not express."""
+    fmt, settings = data["format"], data["settings"]
+    out = ["## Training", ""]
+    if fmt == "trl-sft":
+        out += _code(["from trl import SFTConfig, SFTTrainer",
+                      "args = SFTConfig(assistant_only_loss=True, max_length=None)"])
+        if data["sft_layout"] == "prompt-completion":
+            out += ["Loss falls on the assistant tokens of the completion: `completion_only_loss` is TRL's default for "
+                    "prompt/completion rows and combines with `assistant_only_loss`, so tool results and user turns "
+                    "inside a completion, and every masked step (always in the prompt), carry no loss. "]
+        else:
+            out += ["Loss falls on every assistant message (`assistant_only_loss=True`); tool results, user and system "
+                    "turns carry none. Each assistant message also carries `train` (false on masked steps) for "
+                    "trainers that read per-message flags (Axolotl: `message_field_training: train`). "]
+        out += [TRL_TEMPLATES, "", MAX_LENGTH.format(drops=""), ""]
+    elif fmt == "trl-dpo":
+        out += _code(["from trl import DPOConfig, DPOTrainer", "args = DPOConfig(max_length=None)"])
+        out += [MAX_LENGTH.format(drops=" and drops every row whose prompt alone fills it (long agent histories "
+                                        "often do)"), ""]
+        if settings.get("dpo_level") == "trajectory":
+            out += ["**Warning**: trajectory-level rows. `chosen` / `rejected` run through each continuation's last "
+                    "assistant message, so the tool results and user turns between assistant messages are part of "
+                    "both sequences; DPO has no per-token mask, and the preference is partly learned on that text. "
+                    "The default, `--dpo-level step`, compares the next assistant message only.", ""]
+        else:
+            out += ["Step-level rows: `chosen` and `rejected` are one assistant message each, after the shared history "
+                    "(`prompt`), so the preference is learned on the agent's own tokens only.", ""]
+    elif fmt == "trl-kto":
+        desirable, undesirable = kto_weights(data["distributions"].get("kto_labels", {}))
+        out += _code(["from trl import KTOConfig, KTOTrainer",
+                      f"args = KTOConfig(max_length=None, desirable_weight={desirable}, undesirable_weight={undesirable})"])
+        out += ["The weights balance this export's desirable / undesirable rows (TRL asks for a weighted ratio in "
+                "[1, 4/3]). " + MAX_LENGTH.format(drops=" and drops rows whose prompt alone fills it"), ""]
+        if settings.get("kto_mode") == "trajectory":
+            out += ["**Warning**: trajectory rows. A completion runs from the first trainable assistant message "
+                    "through the last one, with the tool results and user turns between them; KTO has no per-token "
+                    "mask, so they carry the label too. The default (`--kto-mode auto`) labels one assistant message "
+                    "per row.", ""]
+    elif fmt == "tokenized":
+        tok = data.get("tokenizer") or {}
+        limit = tok.get("max_length")
+        out += _code(["from trl import SFTConfig, SFTTrainer",
+                      f"args = SFTConfig(max_length={limit if limit else None})"])
+        out += ["The rows are already tokenized: TRL uses `input_ids` as they are and turns `assistant_masks` into "
+                "labels whatever `assistant_only_loss` says (leave it unset: it only applies to conversational rows). "
+                f"Tokenizer: `{tok.get('path', '-')}`; message spans from {tok.get('method', '-')}.", ""]
+    elif fmt == "openai":
+        out += ["Upload the JSONL files as they are: OpenAI trains assistant messages with `weight` 1 only.", ""]
+    elif fmt == "sharegpt":
+        out += ["In LLaMA-Factory: `dataset_dir: <this folder>`, `dataset: trajforge` (declared in "
+                "`dataset_info.json`), and the `template` of your model. It trains every `gpt` / `function_call` turn "
+                "and no `human` / `observation` turn.", ""]
+    for note, n in data.get("notes", {}).items():
+        out += [f"- {note}: {n:,}"]
+    if data.get("notes"):
+        out.append("")
+    return out

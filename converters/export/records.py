@@ -1,0 +1,237 @@
+"""The exporter's input: stored trajectories and pairs read column-wise, a batch at a time.
+
+A `Batch` wraps one Arrow batch of trajectory rows: it renders all of them at once (per render
+options, on first use), computes their tools once per distinct tool list, and hands out
+`Record`s, one trajectory each as the per-record formats see it (id, source, success, its steps'
+labels and masks, its tools and its rendered `Conversation`). Nothing is validated into model
+objects on the way: the store validated every record when it was written and checks each
+shard's schema when it is read. `Record.of(trajectory)` takes the path a stored trajectory takes
+(its Arrow row), so a model object exports exactly as it would from a dataset directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from converters.export.render import ACTION_KINDS, KINDS, Conversation, RenderOptions, Rendered, render_batch
+from converters.export.tools import specs_of, tool_keys, tools_columns
+from schemas.arrow import PAIR_SCHEMA, TRAJECTORY_SCHEMA, pair_to_row, trajectory_to_row
+
+_KINDS = pa.array(KINDS)
+_ORIGINS = pa.array(["user", "agent", "environment"])
+_LABELS = pa.array(["good", "bad", "unknown"])
+# The trajectory columns the exporter reads.
+COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance"]
+
+
+@dataclass
+class Record:
+    batch: "Batch"
+    index: int  # row in the batch
+
+    @property
+    def id(self) -> str:
+        return self.batch.py("id")[self.index]
+
+    @property
+    def source(self) -> str:
+        return self.batch.py("source")[self.index]
+
+    @property
+    def success(self) -> bool | None:
+        return self.batch.py("success")[self.index]
+
+    def __len__(self) -> int:
+        return int(self.batch.lengths[self.index])
+
+    def render(self, opts: RenderOptions) -> Conversation:
+        return self.batch.rendered(opts).conversation(self.index)
+
+    def step(self, field: str, j: int) -> Any:
+        """Field `kind`, `label`, `train` (None: the default, true) or `source` of step j."""
+        return self.batch.step_values(field)[int(self.batch.offsets[self.index]) + j]
+
+    def has_masked_assistant_step(self) -> bool:
+        """Whether a step that renders as an assistant message is loss-masked (`train = false`)."""
+        return bool(self.batch.masked_assistant[self.index])
+
+    def function_specs(self) -> list[dict[str, Any]]:
+        """`[{"name", "description"?, "parameters"}]`: declared tools, then undeclared called functions."""
+        return specs_of(self.batch.tool_key(self.index))[0]
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """`[{"type": "function", "function": spec}]` — OpenAI and HF chat templates (`tools=`)."""
+        return [{"type": "function", "function": spec} for spec in self.function_specs()]
+
+    def tools_json(self) -> str | None:
+        """`openai_tools` as JSON text (TRL's trainers `json.loads` a string `tools` column); None without tools."""
+        return self.batch.py("tools_json")[self.index]
+
+    def specs_json(self) -> str | None:
+        """`function_specs` as JSON text (LLaMA-Factory's `tools` column); None without tools."""
+        return self.batch.py("specs_json")[self.index]
+
+    @classmethod
+    def of(cls, trajectory: Any) -> "Record":
+        """A model object (`schemas.models.Trajectory`) as the exporter reads it from a shard."""
+        table = pa.Table.from_pylist([trajectory_to_row(trajectory)], schema=TRAJECTORY_SCHEMA)
+        record = Batch(table.to_struct_array().combine_chunks()).records[0]
+        assert record is not None
+        return record
+
+
+class Batch:
+    """A batch of trajectory rows (some may be null: a pair's missing trajectory)."""
+
+    def __init__(self, trajectories: pa.StructArray | pa.RecordBatch | pa.ChunkedArray) -> None:
+        if isinstance(trajectories, pa.RecordBatch):
+            trajectories = trajectories.to_struct_array()
+        if isinstance(trajectories, pa.ChunkedArray):
+            trajectories = trajectories.combine_chunks()
+        self.rows = trajectories
+        self.steps = trajectories.field("steps")
+        raw = self.steps.offsets.to_numpy()
+        self.offsets = (raw - raw[0]).astype(np.int64)
+        self.values = self.steps.values.slice(int(raw[0]), int(raw[-1] - raw[0]))
+        self.lengths = np.diff(self.offsets)
+        self.valid = trajectories.is_valid().to_numpy(zero_copy_only=False) & \
+            trajectories.field("id").is_valid().to_numpy(zero_copy_only=False)
+        self._rendered: dict[RenderOptions, Rendered] = {}
+        self._py: dict[str, list[Any]] = {}
+        self._steps_py: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @cached_property
+    def owner(self) -> np.ndarray:
+        """The trajectory of each step."""
+        return np.repeat(np.arange(len(self)), self.lengths)
+
+    @cached_property
+    def records(self) -> list[Record | None]:
+        return [Record(self, r) if self.valid[r] else None for r in range(len(self))]
+
+    @cached_property
+    def masked_assistant(self) -> np.ndarray:
+        """Per trajectory: does a step that renders as an assistant message have `train = false`?"""
+        kinds = self.values.field("kind")
+        agent = pc.and_(pc.equal(kinds, "text"), pc.equal(self.values.field("source"), "agent"))
+        assistant = pc.or_(pc.is_in(kinds, pa.array(sorted(ACTION_KINDS))), pc.fill_null(agent, False))
+        masked = pc.and_(pc.invert(pc.fill_null(self.values.field("train"), True)), assistant)
+        return np.bincount(self.owner[masked.to_numpy(zero_copy_only=False)], minlength=len(self)) > 0
+
+    @cached_property
+    def tool_keys(self) -> pa.DictionaryArray:
+        return tool_keys(self.rows.field("tools"), self.values, self.owner, len(self))
+
+    @cached_property
+    def _tools(self) -> tuple[pa.Array, pa.Array]:
+        return tools_columns(self.tool_keys)
+
+    def tool_key(self, r: int) -> str:
+        if "tool_keys" not in self._py:
+            self._py["tool_keys"] = self.tool_keys.dictionary.to_pylist()
+            self._py["tool_key_index"] = self.tool_keys.indices.to_pylist()
+        return self._py["tool_keys"][self._py["tool_key_index"][r]]
+
+    def column(self, name: str) -> pa.Array:
+        """A per-trajectory column: a stored one, or `tools_json` / `specs_json`."""
+        if name == "tools_json":
+            return self._tools[0]
+        if name == "specs_json":
+            return self._tools[1]
+        if name in ("method", "source_dataset", "model"):
+            return self.rows.field("provenance").field(name)
+        return self.rows.field(name)
+
+    def py(self, name: str) -> list[Any]:
+        if name not in self._py:
+            self._py[name] = self.column(name).to_pylist()
+        return self._py[name]
+
+    def rendered(self, opts: RenderOptions) -> Rendered:
+        if opts not in self._rendered:
+            self._rendered[opts] = render_batch(self.steps, opts)
+        return self._rendered[opts]
+
+    def step_values(self, field: str) -> list[Any]:
+        if field not in self._steps_py:
+            self._steps_py[field] = self.values.field(field).to_pylist()
+        return self._steps_py[field]
+
+    def first_problem(self) -> tuple[str | None, str] | None:
+        """(record id, what is wrong) for the first record the models would refuse in a way the
+        export depends on, else None. Shards written through the models never have one; rows
+        written raw (`write_row`) or by other tools can."""
+        valid = pa.array(self.valid)
+        for column in ("id", "source"):
+            empty = pc.and_(valid, pc.fill_null(pc.equal(pc.utf8_length(self.rows.field(column)), 0), True))
+            if pc.any(empty).as_py():
+                r = int(np.flatnonzero(empty.to_numpy(zero_copy_only=False))[0])
+                return self.rows.field("id")[r].as_py(), f"{column}: empty"
+        v, kind = self.values, self.values.field("kind")
+        checks = [
+            (pc.invert(pc.is_in(kind, _KINDS)), "kind: not one of " + ", ".join(_KINDS.to_pylist())),
+            (pc.and_(pc.equal(kind, "api"), pc.fill_null(pc.equal(pc.utf8_length(v.field("function")), 0), True)),
+             "function: missing"),
+            (pc.and_(pc.equal(kind, "api"), pc.invert(pc.fill_null(pc.and_(
+                pc.starts_with(pc.utf8_trim_whitespace(v.field("arguments")), "{"),
+                pc.ends_with(pc.utf8_trim_whitespace(v.field("arguments")), "}")), False))),
+             "arguments: not a JSON object"),
+            (pc.and_(pc.is_in(kind, pa.array(["code", "message", "text", "json"])), pc.is_null(v.field("content"))),
+             "content: missing"),
+            (pc.and_(pc.equal(kind, "code"), pc.is_null(v.field("language"))), "language: missing"),
+            (pc.and_(pc.is_in(kind, pa.array(["text", "json"])),
+                     pc.invert(pc.fill_null(pc.is_in(v.field("source"), _ORIGINS), False))), "source: not one of "
+             + ", ".join(_ORIGINS.to_pylist())),
+            (pc.and_(pc.equal(kind, "image"), pc.is_null(pc.struct_field(v.field("image"), ["path"]))),
+             "image: no path"),
+            (pc.invert(pc.fill_null(pc.is_in(v.field("label"), _LABELS), True)), "label: not one of "
+             + ", ".join(_LABELS.to_pylist())),
+        ]
+        for bad, problem in checks:
+            bad = pc.fill_null(bad, True).to_numpy(zero_copy_only=False)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                r = int(self.owner[i])
+                return self.rows.field("id")[r].as_py(), f"steps[{i - int(self.offsets[r])}].{problem}"
+        return None
+
+    def action_labels(self, exported: np.ndarray) -> dict[str, int]:
+        """Labels of the action steps of the trajectories flagged in `exported`."""
+        actions = pc.is_in(self.values.field("kind"), pa.array(sorted(ACTION_KINDS))).to_numpy(zero_copy_only=False)
+        mask = np.repeat(exported, self.lengths) & actions
+        counts = pc.value_counts(self.values.field("label").fill_null("unknown").filter(pa.array(mask)))
+        return {str(v): int(n) for v, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())}
+
+
+@dataclass
+class PairRef:
+    """The fields of a stored pair the DPO export reads."""
+
+    id: str
+    source: str
+    level: str
+    prefix_len: int
+    chosen_id: str
+    rejected_id: str
+
+
+def pair_refs(pairs: pa.StructArray | pa.ChunkedArray) -> list[PairRef]:
+    if isinstance(pairs, pa.ChunkedArray):
+        pairs = pairs.combine_chunks()
+    fields = [pairs.field(f).to_pylist() for f in ("id", "source", "level", "prefix_len", "chosen_id", "rejected_id")]
+    return [PairRef(*values) for values in zip(*fields)]
+
+
+def pair_of(pair: Any) -> PairRef:
+    """A model object (`schemas.models.Pair`) as the exporter reads it."""
+    table = pa.Table.from_pylist([pair_to_row(pair)], schema=PAIR_SCHEMA)
+    return pair_refs(table.to_struct_array().combine_chunks())[0]

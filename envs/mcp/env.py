@@ -1,0 +1,357 @@
+"""MCPEnv: any Model Context Protocol server as an environment, through the official SDK.
+
+    env = make_env("mcp", server={"command": ["my-mcp-server"]}, hidden_arguments={"state_key": "run/{episode}"},
+                   exclude=["admin_reset"], policy="policy.md")
+
+The agent sees the server's tools (from `list_tools`, filtered by `include`/`exclude`, without
+the hidden arguments and the tools the environment calls itself). A call is checked against the
+tool's JSON Schema first: an invalid one is an `Error:` observation and never reaches the server.
+Hidden arguments (e.g. a per-episode state key) are added to every call that declares them. A
+result with `is_error` is an `Error:` observation; the observation is the result's text, or the
+field `result_path` names in its structured content. A server that dies or does not answer
+within `call_timeout_s` raises `EnvError` (the run quarantines the episode), and the next
+episode gets a new server session.
+
+The world cannot copy itself, so branching restores by replay. Evaluation follows the task's
+tau2-style criteria (envs/criteria.py) over the calls this environment recorded, with the DB
+criterion decided by the server's `state_digest` tool where one is configured; a task without
+criteria is judged by the configured judge model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult
+from mcp_types import Tool as MCPTool
+from pydantic import ValidationError
+
+from backends.base import LLM
+from backends.config import LLMConfig
+from envs.base import EnvError, Environment, Evaluation, StepResult, Task, UserSimulator, action_kind, refused
+from envs.criteria import CallRecord, evaluate_criteria, has_criteria, reference_actions
+from envs.judge import judge_outcome
+from envs.mcp.config import ConfigError, MCPConfig, ToolCallConfig, at_path, bind, load_policy
+from envs.mcp.server import ServerPool, ServerSession, acquire_pool, release_pool
+from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool
+from schemas.toolcalls import call_problem
+
+
+def agent_tools(config: MCPConfig, listed: Sequence[MCPTool]) -> list[Tool]:
+    """The server's tools as the agent sees them: filtered, control tools and hidden arguments removed."""
+    names = {t.name for t in listed}
+    for key in ("include", "exclude", "write_tools", "read_only_tools", "terminal_tools"):
+        unknown = sorted(set(getattr(config, key) or []) - names)
+        if unknown:
+            raise ConfigError(f"mcp env_config: {key} names tools the server does not have: {', '.join(unknown)}"
+                              f" (it has: {', '.join(sorted(names))})")
+    for control in (config.reset_tool, config.state_digest):
+        if control is not None and control.name not in names:
+            raise ConfigError(f"mcp env_config: the server has no tool {control.name!r}")
+    hidden = set(config.hidden_arguments)
+    skip = set(config.exclude) | config.control_tools()
+    out = []
+    for tool in listed:
+        if tool.name in skip or (config.include is not None and tool.name not in config.include):
+            continue
+        schema = copy.deepcopy(tool.input_schema) if tool.input_schema else {"type": "object", "properties": {}}
+        props = schema.get("properties")
+        if isinstance(props, dict):
+            for key in hidden:
+                props.pop(key, None)
+        if isinstance(schema.get("required"), list):
+            schema["required"] = [r for r in schema["required"] if r not in hidden]
+        out.append(Tool(name=tool.name, description=tool.description, parameters=schema))
+    return out
+
+
+def _takes(tool: MCPTool | None, key: str) -> bool:
+    """Whether a call of `tool` may carry `key`: it declares it, or accepts arguments it does not list."""
+    if tool is None:
+        return False
+    schema = tool.input_schema or {}
+    return key in (schema.get("properties") or {}) or schema.get("additionalProperties", True) is not False
+
+
+class MCPEnv(Environment):
+    """Any MCP server (stdio or streamable HTTP) as an environment; see the module doc."""
+
+    name = "mcp"
+    can_snapshot = False
+    default_user = "none (user.kind llm: a persona)"
+    evaluation = ("task criteria, tau2-style (DB by state digest or reference writes, ACTION, COMMUNICATE, "
+                  "NL_ASSERTION by a judge), else a judge")
+
+    def __init__(
+        self,
+        server: dict[str, Any],
+        include: list[str] | None = None,
+        exclude: list[str] | None = None,
+        hidden_arguments: dict[str, Any] | None = None,
+        reset_tool: dict[str, Any] | None = None,
+        state_digest: dict[str, Any] | None = None,
+        policy: str | None = None,
+        result_path: str | None = None,
+        write_tools: list[str] | None = None,
+        read_only_tools: list[str] | None = None,
+        terminal_tools: list[str] | None = None,
+        stateless: bool = False,
+        sessions: int = 1,
+        recycle_after: int | None = None,
+        call_timeout_s: float = 60.0,
+        start_timeout_s: float = 60.0,
+        judge: LLM | dict[str, Any] | None = None,
+        max_steps: int = 50,
+        user: UserSimulator | None = None,
+    ) -> None:
+        settings = {k: v for k, v in dict(
+            server=server, include=include, exclude=exclude, hidden_arguments=hidden_arguments, reset_tool=reset_tool,
+            state_digest=state_digest, policy=policy, result_path=result_path, write_tools=write_tools,
+            read_only_tools=read_only_tools, terminal_tools=terminal_tools, stateless=stateless, sessions=sessions,
+            recycle_after=recycle_after, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s).items()
+            if v is not None}
+        self.config = MCPConfig.parse(settings)
+        super().__init__(max_steps=max_steps, user=user, policy=load_policy(self.config.policy))
+        self.judge, self._own_judge = self._make_judge(judge)
+        self._pool: ServerPool | None = None
+        self._session: ServerSession | None = None
+        self._listed: dict[str, MCPTool] = {}
+        self._tools: list[Tool] = []
+        self._writes: set[str] = set()
+        self.calls: list[CallRecord] = []  # the episode's tool calls, for evaluation
+        self.answer: str | None = None  # the agent's final message where there is no user
+
+    @staticmethod
+    def _make_judge(judge: LLM | dict[str, Any] | None) -> tuple[LLM | None, bool]:
+        if judge is None or isinstance(judge, LLM):
+            return judge, False
+        if not isinstance(judge, dict) or set(judge) - {"llm"}:
+            raise ConfigError("mcp env_config: judge: give {llm: {...}} (or {} for the method's model in a run)")
+        if judge.get("llm") is None:
+            raise ConfigError("mcp env_config: judge: {} means the method's model, which only a run config has;"
+                              " give judge.llm")
+        from backends.registry import make_llm
+
+        return make_llm(LLMConfig.model_validate(judge["llm"])), True
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._pool is not None:
+            return
+        pool = await acquire_pool(self.config)
+        try:
+            self._tools = agent_tools(self.config, pool.tools)
+        except ConfigError:
+            await release_pool(pool)
+            raise
+        self._pool = pool
+        self._listed = {t.name: t for t in pool.tools}
+        self._writes = {t.name for t in pool.tools if self._is_write(t)}
+
+    def _is_write(self, tool: MCPTool) -> bool:
+        """State-changing unless declared read-only (config, MCP readOnlyHint) or left out of write_tools."""
+        if tool.name in self.config.read_only_tools:
+            return False
+        if self.config.write_tools is not None:
+            return tool.name in self.config.write_tools
+        return not (tool.annotations is not None and tool.annotations.read_only_hint is True)
+
+    async def close(self) -> None:
+        self._release_session()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await release_pool(pool)
+        if self._own_judge and self.judge is not None:
+            judge, self.judge = self.judge, None
+            await judge.aclose()
+
+    def _release_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and self._pool is not None:
+            self._pool.release(session)
+
+    @property
+    def state_changing_tools(self) -> frozenset[str]:
+        """The tools whose calls count as writes (see `write_tools`, `read_only_tools`, readOnlyHint)."""
+        return frozenset(self._writes)
+
+    def tools(self) -> list[Tool]:
+        if self._pool is None:
+            raise RuntimeError("the mcp environment lists its tools after start()")
+        return list(self._tools)
+
+    @property
+    def sessions_started(self) -> int:
+        """Server sessions the pool started so far (after crashes, hangs, recycling, for isolation)."""
+        return self._pool.started if self._pool is not None else 0
+
+    # ---- episodes -------------------------------------------------------------------------------
+
+    async def _reset(self, task: Task) -> Observation | None:
+        await self.start()
+        assert self._pool is not None
+        self._release_session()
+        self._session = await self._pool.lease()
+        self.calls = []
+        self.answer = None
+        await self._prepare(self.episode_key, task)
+        return None
+
+    async def _prepare(self, episode: str, task: Task, session: ServerSession | None = None) -> None:
+        """The reset tool, then the task's initial tool calls, on the state of `episode`."""
+        if self.config.reset_tool is not None:
+            await self._control(self.config.reset_tool, episode, task, session)
+        for call in task.params.get("initial_actions") or []:
+            name, arguments = call.get("name") or call.get("function"), call.get("arguments") or {}
+            try:
+                result = await self._call(name, arguments, episode, task, session)
+            except MCPError as exc:
+                raise EnvError(f"initial action {name} of task {task.id} failed: {exc.message}") from None
+            if result.is_error:
+                raise EnvError(f"initial action {name} of task {task.id} failed: {self._text(result)[:300]}")
+
+    async def _act(self, action: Action) -> StepResult:
+        if isinstance(action, MessageAction):
+            # Without a user, a message is the agent's final answer.
+            self.answer = action.content
+            return StepResult(TextObservation(content="The answer was submitted.", source="environment"), done=True,
+                              info={"answer": action.content})
+        if not isinstance(action, ApiAction):
+            return refused(action, f"{action_kind(action)} actions are not supported here; call a tool or send a message")
+        problem = call_problem(self._tools, action.function, action.arguments)
+        if problem is not None:
+            return refused(action, problem)
+        task = self.task
+        assert task is not None
+        try:
+            result = await self._call(action.function, action.arguments, self.episode_key, task)
+        except (MCPError, ValidationError) as exc:  # the server answered with a protocol error, or a malformed result
+            self.calls.append(CallRecord(action.function, dict(action.arguments), False, action.function in self._writes))
+            why = exc.message if isinstance(exc, MCPError) else f"its answer is not a valid MCP result ({exc.error_count()} errors)"
+            return refused(action, f"the server rejected the call: {why}")
+        text = self._text(result)
+        ok = not result.is_error
+        self.calls.append(CallRecord(action.function, dict(action.arguments), ok, action.function in self._writes))
+        if not ok:
+            return refused(action, text.removeprefix("Error:").strip() or "the tool failed")
+        obs = TextObservation(content=text, source="environment", name=action.function, tool_call_id=action.tool_call_id)
+        return StepResult(obs, done=action.function in self.config.terminal_tools)
+
+    async def _call(self, name: str, arguments: dict[str, Any], episode: str, task: Task,
+                    session: ServerSession | None = None) -> CallToolResult:
+        """A call with the hidden arguments of `episode` added, on `session` (default: this episode's)."""
+        session = session or self._session
+        if session is None:
+            raise RuntimeError("call reset(task) first")
+        hidden = bind(self.config.hidden_arguments, episode=episode, task=task.id)
+        tool = self._listed.get(name)
+        extra = {k: v for k, v in hidden.items() if _takes(tool, k)}
+        return await session.call(name, {**arguments, **extra}, self.config.call_timeout_s)
+
+    async def _control(self, spec: ToolCallConfig, episode: str, task: Task, session: ServerSession | None = None) -> str:
+        """Call a tool the environment uses itself (reset, digest); its failure is the world's failure."""
+        arguments = bind(spec.arguments, episode=episode, task=task.id)
+        try:
+            result = await self._call(spec.name, arguments, episode, task, session)
+        except MCPError as exc:
+            raise EnvError(f"{spec.name} failed: {exc.message}") from None
+        if result.is_error:
+            raise EnvError(f"{spec.name} failed: {self._text(result)[:300]}")
+        return self._text(result, spec.result_path)
+
+    def _text(self, result: CallToolResult, path: str | None = None) -> str:
+        """The observation text: the structured field at `path` (default: result_path), else the text content."""
+        path = path or self.config.result_path
+        if path is not None and result.structured_content is not None:
+            try:
+                value = at_path(result.structured_content, path)
+            except KeyError:
+                pass
+            else:
+                return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        parts = []
+        for block in result.content:
+            text = getattr(block, "text", None)
+            if text is None:
+                resource = getattr(block, "resource", None)
+                text = getattr(resource, "text", None) or f"[{block.type} content]"
+            parts.append(text)
+        if not parts and result.structured_content is not None:
+            return json.dumps(result.structured_content, ensure_ascii=False)
+        return "\n".join(parts)
+
+    # ---- evaluation -----------------------------------------------------------------------------
+
+    async def _evaluate(self, task: Task, history: Sequence[Step]) -> Evaluation:
+        if has_criteria(task.goal):
+            reference = await self._reference_run(task)
+
+            async def by_digest() -> dict[str, Any]:
+                assert self.config.state_digest is not None and reference.digest is not None
+                now = await self._control(self.config.state_digest, self.episode_key, task)
+                passed = now == reference.digest
+                return {"passed": passed, "method": "state digest", "digest": now, "reference_digest": reference.digest,
+                        "note": "state matches the reference" if passed
+                        else "state differs from the state after the reference actions"}
+
+            return await evaluate_criteria(task.goal, history, self.calls, is_write=lambda n: n in self._writes,
+                                           db_check=by_digest if reference.digest is not None else None,
+                                           reference_ok=reference.ok, judge=self.judge, policy=self.policy)
+        if self.judge is not None:
+            verdict = await judge_outcome(self.judge, task, history, self.policy)
+            return Evaluation.of(verdict.reward, verdict.reasoning, judge="llm")
+        return Evaluation(0.0, False, "the task states no criteria and no judge is configured (env_config.judge)")
+
+    async def _reference_run(self, task: Task) -> ReferenceRun:
+        """The task's reference actions replayed once on a fresh state (cached): which succeed, and the digest."""
+        assert self._pool is not None
+        key = hashlib.sha256(json.dumps([self._pool.key, self.config.model_dump(mode="json", include={
+            "reset_tool", "state_digest"}), task.id, task.params, reference_actions(task.goal)], sort_keys=True,
+            default=str).encode()).hexdigest()
+        async with self._pool.lock(key):  # episodes of one task evaluated at once replay its reference once
+            run = _REFERENCE_RUNS.get(key)
+            if run is None:
+                run = _REFERENCE_RUNS[key] = await self._replay_reference(task)
+        return run
+
+    async def _replay_reference(self, task: Task) -> ReferenceRun:
+        """Replay on a state of its own: beside the episode's (a key of its own), else on another session."""
+        assert self._pool is not None
+        episode = f"{self.episode_key}/reference"
+        session = self._session if self.config.isolation() in ("key", "none") else await self._pool.lease()
+        try:
+            await self._prepare(episode, task, session)
+            ok = []
+            for action in reference_actions(task.goal):
+                try:
+                    result = await self._call(action["name"], action["arguments"], episode, task, session)
+                    ok.append(not result.is_error)
+                except (MCPError, ValidationError):
+                    ok.append(False)
+            digest = None
+            if self.config.state_digest is not None:
+                digest = await self._control(self.config.state_digest, episode, task, session)
+        finally:
+            if session is not self._session and session is not None:
+                self._pool.release(session)
+        if len(_REFERENCE_RUNS) >= MAX_REFERENCE_RUNS:
+            _REFERENCE_RUNS.clear()
+        return ReferenceRun(tuple(ok), digest)
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """A task's reference actions on a fresh state: which calls succeeded, and the state digest after them."""
+
+    ok: tuple[bool, ...]
+    digest: str | None
+
+
+MAX_REFERENCE_RUNS = 100_000
+_REFERENCE_RUNS: dict[str, ReferenceRun] = {}

@@ -1,0 +1,87 @@
+"""`trajforge envs` lists the environments; `trajforge envs check` validates one on real tasks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from typer.testing import CliRunner
+
+from envs.tasks import TaskSourceConfig, load_tasks
+from flows.cli import app
+from tests.envs.mcp_support import CONFIG, TASKS
+
+runner = CliRunner()
+# Two tasks that ask for nothing to change and nothing to be told (25, 57), one that asks only for
+# information graded by NL assertions (24), references that probe a wrong email first (35) or make a
+# write that fails in tau2's own replay of them (105), and plain ones.
+SUBSET = ["tau2-retail-0", "tau2-retail-16", "tau2-retail-24", "tau2-retail-25", "tau2-retail-35", "tau2-retail-57",
+          "tau2-retail-105"]
+
+
+def check_config(tmp_path: Path, ids: list[str], **env_config: Any) -> Path:
+    config = yaml.safe_load(CONFIG.read_text())
+    config["env_config"].update(env_config)
+    config["tasks"] = {**config["tasks"], "ids": ids}
+    config["tasks"].pop("n", None)
+    path = tmp_path / "check.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def asks_for_nothing(ids: list[str]) -> list[str]:
+    """Tasks whose criteria ask for no change (no reference write) and no information, from the task data."""
+    read_only = set(yaml.safe_load(CONFIG.read_text())["env_config"]["read_only_tools"])
+    tasks = load_tasks(TaskSourceConfig(source="tau2", path=TASKS, ids=ids), "mcp")
+    return [t.id for t in tasks if all(a["name"] in read_only for a in t.goal["actions"])
+            and not t.goal["communicate_info"] and not t.goal["nl_assertions"]]
+
+
+def test_envs_lists_environments_and_capabilities() -> None:
+    result = runner.invoke(app, ["envs"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") >= 4}
+    assert {"mcp", "retail", "simulated", "web"} <= set(rows)
+    assert "replay" in rows["mcp"] and "snapshot" in rows["retail"]
+
+
+def test_envs_check_passes_references_and_fails_do_nothing_on_tau2_retail(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["envs", "check", "--config", str(check_config(tmp_path, SUBSET)), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tasks"] == len(SUBSET) and report["healthy"]
+    assert report["reference"]["passed"] == report["reference"]["total"] == len(SUBSET), report["reference"]["failed"]
+    assert report["tool_errors"] == 0 and report["env_errors"] == {}
+    # The references' own failing calls are listed, not blamed on the environment.
+    failing = {(e["task"], e["tool"]) for e in report["reference_error_calls"]}
+    assert {("tau2-retail-35", "find_user_id_by_email"), ("tau2-retail-105", "exchange_delivered_order_items")} <= failing
+    # Do-nothing passes where the criteria ask for no change and no information (25, 57). 24 and 105 ask for
+    # information through NL assertions only, which nothing checks without a judge: their passes are flagged
+    # (105 asks for no change either: its only write fails in its own reference, as in tau2's gold replay).
+    assert asks_for_nothing(SUBSET) == ["tau2-retail-25", "tau2-retail-57"]
+    assert report["do_nothing"]["passed_tasks"] == ["tau2-retail-24", "tau2-retail-25", "tau2-retail-57",
+                                                    "tau2-retail-105"]
+    assert report["do_nothing"]["passed_unchecked"] == {"tau2-retail-24": ["NL_ASSERTION"],
+                                                        "tau2-retail-105": ["NL_ASSERTION"]}
+    assert 0 < report["seconds_per_step"] < 5
+
+
+def test_envs_check_catches_episodes_sharing_state(tmp_path: Path) -> None:
+    # A server wrongly declared stateless, without a per-episode state key: every episode writes the same
+    # database, and the second replay of a reference meets the first one's changes.
+    config = check_config(tmp_path, ["tau2-retail-0", "tau2-retail-25"], hidden_arguments={}, stateless=True)
+    result = runner.invoke(app, ["envs", "check", "--config", str(config), "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert not report["healthy"] and report["tool_errors"] >= 1
+    assert report["tool_error_calls"][0]["tool"] == "exchange_delivered_order_items"
+
+
+def test_envs_check_names_a_bad_config_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: mcp\nenv_config: {server: {}}\ntasks: {source: tau2, path: " + TASKS + "}\n")
+    result = runner.invoke(app, ["envs", "check", "--config", str(bad)])
+    assert result.exit_code == 1
+    assert "give either command" in result.output and "Traceback" not in result.output

@@ -1,0 +1,108 @@
+"""Truncated answers are not training data: `trajforge fake-server --faults truncated` against a rollout job.
+
+An answer cut short (finish_reason=length) is retried within the retry budget; one still cut after
+that is recorded as a failed step (train=false) and counted by reason, never stored as a trainable
+step. Also: `--stall-s` sets how long a stall fault lasts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from schemas.store import Dataset
+from tests.conftest import REPO
+
+
+def _fake_server(*args: str, log: Path) -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "fake-server", "--port", "0", "--log-jsonl", str(log),
+                             *args], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("fake-server listening on "), line
+        yield line.split()[-1]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def truncating_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    log = tmp_path / "requests.jsonl"
+    for url in _fake_server("--faults", "truncated", "--fault-rate", "0.4", "--seed", "7", log=log):
+        yield url, log
+
+
+def test_truncated_answers_are_retried_then_recorded_as_failed_untrainable_steps(tmp_path, truncating_server):
+    base_url, log = truncating_server
+    config = tmp_path / "rollout.yaml"
+    config.write_text(yaml.safe_dump({
+        "env": "retail", "tasks": {"n": 24}, "max_steps": 1, "max_parse_failures": 1, "agent_mode": "text",
+        "keep_failed": True, "concurrency": 4, "unit_tasks": 8,
+        "llm": {"backend": "openai", "base_url": base_url, "model": "fake-model", "api_key_env": None,
+                "max_retries": 1, "backoff_base_s": 0.001, "request_timeout_s": 10},
+    }))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["generate", "--method", "rollout", "--config", str(config), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+
+    outcomes = Counter(orjson.loads(line)["outcome"] for line in log.read_text().splitlines())
+    assert outcomes["truncated"] > 0 and outcomes["ok"] > 0, outcomes
+    ds = Dataset.open(out)
+    trajectories = list(ds.iter_records())
+    assert len(trajectories) == 24
+    failed_truncated = trainable_cut = whole = 0
+    for t in trajectories:
+        instruction = t.steps[0].content
+        for step in t.steps[1:]:
+            if step.kind == "message" and step.train:
+                # A whole answer of the fake server echoes the whole request.
+                if step.content != f"echo[0]: {instruction}":
+                    trainable_cut += 1
+                whole += 1
+            elif step.kind == "text" and step.source == "agent":
+                assert step.train is False and step.label == "bad"
+                assert step.extra["parse_error"].startswith("truncated answer"), step.extra
+                assert instruction.startswith(step.content.removeprefix("echo[0]: ")) and len(step.content) < len(
+                    f"echo[0]: {instruction}")
+                failed_truncated += 1
+    assert trainable_cut == 0, "a cut answer was stored as a trainable step"
+    assert failed_truncated > 0 and whole > 0
+    # Retried first: more answers were cut than were finally recorded as cut (a retry fixed the rest).
+    assert outcomes["truncated"] > failed_truncated
+    counts = ds.manifest()["counts"]
+    assert counts["failed_step:truncated"] == failed_truncated
+    shown = " ".join(result.output.replace("│", " ").split())
+    assert f"LLM truncated {failed_truncated}" in shown and f"failed steps (truncated answer) {failed_truncated}" in shown
+
+
+def test_stall_faults_last_as_long_as_asked(tmp_path):
+    import asyncio
+
+    from backends.config import LLMConfig
+    from backends.registry import make_llm
+
+    for url in _fake_server("--faults", "stall", "--fault-rate", "1", "--stall-s", "0.3", log=tmp_path / "log.jsonl"):
+        async def ask() -> str:
+            async with make_llm(LLMConfig(backend="openai", base_url=url, api_key_env=None, max_retries=0,
+                                          request_timeout_s=10)) as llm:
+                return (await llm.chat([{"role": "user", "content": "ping"}]))[0].text
+
+        started = time.monotonic()
+        assert "ping" in asyncio.run(ask())
+        assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_fake_server_refuses_unknown_fault_kinds():
+    result = CliRunner().invoke(app, ["fake-server", "--faults", "truncated,explode"])
+    assert result.exit_code == 1 and "unknown fault kind(s) explode" in result.output

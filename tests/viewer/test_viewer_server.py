@@ -1,0 +1,198 @@
+"""`trajforge view` without a browser: the command's checks, the API's guards, read-only use, and
+the pieces the page relies on (discovery, loss tokens, the stats facets, the demo's last line)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.run_summary import print_run_summary
+from schemas.models import MessageAction
+from schemas.store import Dataset
+from tests.factories import tool_trajectory
+from tests.viewer import _data
+from viewer import server
+from viewer.loss_tokens import LossTokenError, loss_tokens
+from viewer.server import create_app
+from viewer.sources import discover
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def client(viewer_dataset):
+    with TestClient(create_app(discover([viewer_dataset]))) as c:
+        yield c
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+
+def test_bad_paths_get_one_clear_line(tmp_path):
+    result = runner.invoke(app, ["view", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "no such directory" in result.output and "Traceback" not in result.output
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["view", str(tmp_path / "empty")])
+    assert result.exit_code == 1 and "no trajforge dataset" in result.output
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "_manifest.json").write_text("{trunc")
+    result = runner.invoke(app, ["view", str(broken)])
+    assert result.exit_code == 1 and "manifest is truncated or not JSON" in result.output
+
+
+def test_a_port_in_use_is_refused_clearly(viewer_dataset):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["view", str(viewer_dataset), "--port", str(port)])
+    assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+@pytest.fixture()
+def no_serving(monkeypatch):
+    """Run the command up to serving: the bound socket and the app are recorded, then closed."""
+    seen = {}
+
+    def record(app_, sock):
+        seen.update(app=app_, address=sock.getsockname())
+        sock.close()
+
+    monkeypatch.setattr(server, "serve", record)
+    return seen
+
+
+def test_loopback_by_default_and_a_warning_when_exposed(viewer_dataset, no_serving):
+    result = runner.invoke(app, ["view", str(viewer_dataset), "--port", "0"])
+    assert result.exit_code == 0, result.output
+    assert no_serving["address"][0] == "127.0.0.1" and "warning" not in result.output
+    assert f"serving http://127.0.0.1:{no_serving['address'][1]}/" in result.output
+    # Behind loopback the app answers loopback Host headers only (no DNS rebinding from a web page).
+    with TestClient(no_serving["app"], base_url="http://evil.example") as c:
+        assert c.get("/api/sources").status_code == 400
+    with TestClient(no_serving["app"], base_url="http://127.0.0.1:8765") as c:
+        assert c.get("/api/sources").status_code == 200
+
+    result = runner.invoke(app, ["view", str(viewer_dataset), "--port", "0", "--host", "0.0.0.0"])
+    assert result.exit_code == 0, result.output
+    assert no_serving["address"][0] == "0.0.0.0"
+    assert "warning: listening on 0.0.0.0, not loopback: anyone who can reach this machine can read these datasets" \
+        in " ".join(result.output.split())
+
+
+def test_a_pipeline_root_shows_its_datasets_and_exports(viewer_dataset, viewer_export):
+    root = viewer_dataset.parent.parent
+    (root / "_prefect").mkdir(exist_ok=True)  # Prefect's home under a pipeline root: not a dataset
+    Dataset.create(root / "_prefect" / "not-shown")
+    sources = discover([root, viewer_dataset])  # a dataset named twice is shown once
+    assert [(s.path, s.kind, s.format) for s in sources] == [
+        (viewer_export, "export", "trl-sft"), (viewer_dataset, "dataset", None)]
+    assert sources[1].name.endswith("generate/mcts")
+
+
+def test_the_run_summary_ends_with_the_view_command(capsys, tmp_path):
+    print_run_summary({"stages": [], "seconds": 1.0, "output": str(tmp_path / "out dir")})
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"look at the data in a browser: trajforge view '{tmp_path / 'out dir'}'"
+
+
+# ---- the API ---------------------------------------------------------------------------------------
+
+
+def test_images_only_from_inside_the_dataset(client, viewer_dataset):
+    shot = client.get(f"/media/0/{_data.SCREENSHOT}")
+    assert shot.status_code == 200 and shot.headers["content-type"] == "image/png"
+    assert shot.content == (viewer_dataset / _data.SCREENSHOT).read_bytes()
+    _data.screenshot_png(viewer_dataset.parent / "outside.png")  # an image, but not in the dataset
+    assert client.get("/media/0/%2E%2E/outside.png").status_code == 403
+    assert client.get("/media/0/%2E%2E/%2E%2E/%2E%2E/etc/passwd").status_code == 403
+    assert client.get("/media/0/_manifest.json").status_code == 403  # not an image
+    missing = client.get("/media/0/screenshots/none.png")
+    assert missing.status_code == 404 and "no image screenshots/none.png" in missing.json()["error"]
+
+
+def test_bad_requests_get_one_line_errors(client):
+    for url, message in [
+        ("/api/0/list/trajectories?success=maybe", "success must be one of true, false, unknown"),
+        ("/api/0/list/trajectories?colour=red", "unknown filter 'colour'"),
+        ("/api/0/list/trajectories?reward_min=high", "reward_min must be a number"),
+        ("/api/0/list/trajectories?sort=colour", "sort must be one of"),
+        ("/api/0/list/trajectories?limit=100000", "limit between 1 and 200"),
+        ("/api/0/list/nothing", "unknown table 'nothing'"),
+        ("/api/7/list/trajectories", "no source 7"),
+        ("/api/0/preview?format=parquet&id=test/0", "unknown format 'parquet'"),
+    ]:
+        response = client.get(url)
+        assert response.status_code == 400 and message in response.json()["error"], (url, response.text)
+    assert client.get("/api/0/trajectory?id=nope").status_code == 404
+
+
+def test_lists_page_and_count(client, viewer_dataset):
+    ds = Dataset.open(viewer_dataset)
+    ids = [t.id for t in ds.iter_records()]
+    first = client.get("/api/0/list/trajectories?limit=10").json()
+    second = client.get("/api/0/list/trajectories?limit=10&offset=10").json()
+    assert [r["id"] for r in first["rows"] + second["rows"]] == ids[:20] and first["more"]
+    assert client.get("/api/0/count/trajectories").json()["total"] == len(ids)
+    by_reward = client.get("/api/0/list/trajectories?sort=reward&desc=1&limit=200").json()["rows"]
+    assert [r["reward"] for r in by_reward] == sorted((r["reward"] for r in by_reward), reverse=True)
+    tool = client.get("/api/0/count/trajectories?tool=click").json()["total"]
+    assert tool == 1
+    assert client.get("/api/0/count/quarantine?stage=parse").json()["total"] == 1
+    assert client.get("/api/0/count/pairs?level=step").json()["total"] == sum(
+        p.level == "step" for p in ds.iter_records("pairs"))
+
+
+def test_the_viewer_never_writes_into_the_dataset(client, viewer_dataset):
+    before = _files(viewer_dataset)
+    for url in ["/api/sources", "/api/0/facets", "/api/0/list/trajectories?q=order&sort=steps",
+                "/api/0/count/trajectories?masked=yes", "/api/0/list/quarantine", "/api/0/list/filtered",
+                f"/api/0/trajectory?id={_data.WEB_ID}", "/api/0/preview?format=trl-sft&id=test/3",
+                f"/media/0/{_data.SCREENSHOT}"]:
+        assert client.get(url).status_code == 200, url
+    assert _files(viewer_dataset) == before
+
+
+def test_stats_have_the_facets_the_page_shows(viewer_dataset):
+    result = runner.invoke(app, ["stats", str(viewer_dataset), "--json"])
+    stats = json.loads(result.output)
+    assert {m["method"]: m["records"] for m in stats["methods"]} == {"mcts_splice": 19, "hand-made": 7, "rollout": 1}
+    assert sum(b["records"] for b in stats["steps_histogram"]) == stats["records"]
+    assert stats["steps_histogram"][0]["from"] == stats["steps_per_trajectory"]["min"]
+
+
+# ---- loss tokens ----------------------------------------------------------------------------------
+
+
+def test_loss_tokens_follow_the_export_masks(tokenizer_dir):
+    if tokenizer_dir is None:
+        pytest.skip("transformers is not installed")
+    spliced = next(t for t in _data.spliced_output()[0] if t.details.get("role") == "spliced")
+    revision = spliced.steps[spliced.details["splice"]["revision_index"]]
+    assert isinstance(revision, MessageAction)
+    for fmt in ("trl-sft", "openai"):
+        (tokens,) = loss_tokens(spliced, fmt, tokenizer_dir)
+        trained = "".join(t for t, loss in tokens if loss)
+        untrained = "".join(t for t, loss in tokens if not loss)
+        assert revision.content in trained, fmt
+        assert '"reason": "ordered by mistake"' in untrained and "ordered by mistake" not in trained, fmt
+        assert "Please cancel my pending order" in untrained and "Please cancel" not in trained, fmt
+    # Without masked steps the messages layout trains every assistant turn, and nothing else.
+    (tokens,) = loss_tokens(tool_trajectory(1), "trl-sft", tokenizer_dir)
+    trained = "".join(t for t, loss in tokens if loss)
+    assert "Item 1 is in stock." in trained and "Find item 1" not in trained and '[{"id": 1}]' not in trained
+    with pytest.raises(LossTokenError, match="no token view for sharegpt"):
+        loss_tokens(tool_trajectory(1), "sharegpt", tokenizer_dir)
+    with pytest.raises(LossTokenError, match="cannot load a tokenizer"):
+        loss_tokens(tool_trajectory(1), "openai", tokenizer_dir.parent / "nothing-here")
