@@ -141,10 +141,6 @@ def _ok_prompts(log: Path) -> list[str]:
     return [e["body"]["messages"][-1]["content"] for e in entries if e.get("outcome") == "ok"]
 
 
-def _rate(times: list[float], start: float, end: float) -> float:
-    return sum(start <= t < end for t in times) / (end - start)
-
-
 def test_three_servers_one_killed_mid_run_then_restarted(tmp_path):
     logs = [tmp_path / f"server{i}.jsonl" for i in range(3)]
     procs, urls = [], []
@@ -211,16 +207,18 @@ def test_three_servers_one_killed_mid_run_then_restarted(tmp_path):
     assert stats.failovers == sum(e.failed_over for e in stats.endpoints.values())
     assert all(stats.endpoints[u].failed == 0 for u in urls[:2])
 
-    # Throughput tracks the live capacity: all three, then two, then three again.
+    # Throughput tracks the live capacity: all three, then two, then three again. Rates over whole
+    # phases: answers come in bursts of a server's capacity every LATENCY seconds, which would make
+    # the rate within a short window depend on where its edges fall.
     full, reduced = sum(CAPS) / LATENCY, sum(CAPS[:2]) / LATENCY
+    after_back = sum(t > marks["back"] for t in done_times)
     phases = [
-        ("all three", marks["start"] + 0.3, marks["killed"], full),
-        ("one killed", marks["killed"] + 0.4, marks["first_done"] - 0.2, reduced),
-        ("back", marks["back"] + 0.3, marks["end"] - 0.2, full),
+        ("all three", kill_at / (marks["killed"] - marks["start"]), full),
+        ("one killed", (first - kill_at) / (marks["first_done"] - marks["killed"]), reduced),
+        ("back", after_back / (marks["end"] - marks["back"]), full),
     ]
-    for name, start_t, end_t, ideal in phases:
-        rate = _rate(done_times, start_t, end_t)
-        assert 0.7 * ideal <= rate <= 1.1 * ideal, f"{name}: {rate:.0f} req/s against {ideal:.0f} live capacity"
+    for name, rate, ideal in phases:
+        assert 0.7 * ideal <= rate <= 1.15 * ideal, f"{name}: {rate:.0f} req/s against {ideal:.0f} live capacity"
 
 
 # ---- the command users run --------------------------------------------------------------------
