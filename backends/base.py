@@ -69,10 +69,13 @@ class LLM(ABC):
     async def _close(self) -> None:
         """Release transport/engine resources."""
 
-    async def _prompt_logprobs(self, request: ChatRequest, endpoint: int = 0) -> list[TokenLogprob]:
-        """One raw scoring call (to `endpoint`, as in `_complete_at`): the logprob of every prompt token.
-        Backends that can score override it."""
+    async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
+        """One raw scoring call: the logprob of every prompt token. Backends that can score override it."""
         raise ScoringUnsupported(f"the {self.backend_name} backend cannot score prompts (no prompt logprobs)")
+
+    async def _prompt_logprobs_at(self, endpoint: int, request: ChatRequest) -> list[TokenLogprob]:
+        """`_prompt_logprobs` at one endpoint, as `_complete_at` is `_complete`."""
+        return await self._prompt_logprobs(request)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -136,7 +139,7 @@ class LLM(ABC):
             self.stats.cache_hits += 1
             return decode(hit.text)
         try:
-            tokens = await self._with_retries(lambda endpoint: self._prompt_logprobs(request, endpoint))
+            tokens = await self._with_retries(lambda endpoint: self._prompt_logprobs_at(endpoint, request))
         except BackendError as err:
             raise self._give_up(request, err.kind, str(err), getattr(err, "attempts", 1)) from None
         self.stats.prompt_tokens += len(tokens)

@@ -109,7 +109,10 @@ class OpenAILLM(LLM):
     async def _complete_at(self, endpoint: int, request: ChatRequest) -> list[Completion]:
         return parse_body(await self._send(self._servers[endpoint], build_payload(self.config.model, request)))
 
-    async def _prompt_logprobs(self, request: ChatRequest, endpoint: int = 0) -> list[TokenLogprob]:
+    async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
+        return await self._prompt_logprobs_at(0, request)
+
+    async def _prompt_logprobs_at(self, endpoint: int, request: ChatRequest) -> list[TokenLogprob]:
         """vLLM's `prompt_logprobs` (the request's params carry it); other servers ignore or refuse it."""
         server = self._servers[endpoint]
         try:

@@ -232,7 +232,7 @@ def test_generate_over_two_endpoints_prints_per_endpoint_counts(tmp_path):
     with FakeServer(rules=[Rule(fn=RetailScript(tasks))]) as good, \
             FakeServer(rules=[Rule(answer=Fault("503"))]) as down:
         example = yaml.safe_load((REPO / "configs" / "rollout_retail.yaml").read_text())
-        cfg = {**example, "n_tasks": 3, "llm": {
+        cfg = {**example, "tasks": {"source": "env", "n": 3, "seed": 0}, "llm": {
             "backend": "openai", "model": "fake-model", "api_key_env": None, "max_retries": 0,
             "request_timeout_s": 5, "endpoint_probe_s": 60,
             "endpoints": [{"base_url": down.base_url, "max_concurrency": 4, "api_key_env": "TF_DOWN_KEY"},

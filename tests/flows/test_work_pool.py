@@ -58,10 +58,10 @@ def _configs(tmp: Path, slow: str, fast: list[str], cache: Path) -> dict[str, Pa
         "a": _write(tmp, "a", {
             "output": str(tmp / "out-a"),
             "convert": [{"name": "adp", "source": "adp", "inputs": [str(SAMPLES / "agenttuning_os" / "sample_std.json")]}],
-            "generate": [{**rollout, "n_tasks": 2, "env_config": {"seed": 0}, "llm": {**llm, "base_url": slow}}]}),
+            "generate": [{**rollout, "tasks": {"n": 2}, "env_config": {"seed": 0}, "llm": {**llm, "base_url": slow}}]}),
         "b": _write(tmp, "b", {
             "output": str(tmp / "out-b"),
-            "generate": [{**rollout, "n_tasks": 3, "env_config": {"seed": 1}, "task_seed": 1,
+            "generate": [{**rollout, "tasks": {"n": 3, "seed": 1}, "env_config": {"seed": 1},
                           "llm": {**llm, "endpoints": [{"base_url": u, "max_concurrency": 2} for u in fast]}}]}),
         "c": _write(tmp, "c", {
             "output": str(tmp / "out-c"),
