@@ -120,6 +120,16 @@ def test_all_endpoints_down_ledgers_each_request_once(tmp_path):
     assert all(e.taken_out == 1 and e.state == "out" for e in stats.endpoints.values())
 
 
+def test_preflight_needs_one_answering_endpoint(fake_server):
+    from backends.openai_backend import endpoint_problem
+
+    live = fake_server()
+    dead = [f"http://127.0.0.1:{_closed_port()}/v1" for _ in range(2)]
+    assert endpoint_problem(_endpoints_config([(dead[0], 2), (live.base_url, 2)]), timeout_s=5) is None
+    problem = endpoint_problem(_endpoints_config([(u, 2) for u in dead]), timeout_s=5)
+    assert problem is not None and all(f"{u}: cannot reach the server" in problem for u in dead)
+
+
 def _closed_port() -> int:
     import socket
 
