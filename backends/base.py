@@ -1,6 +1,7 @@
-"""The `LLM` interface and the shared wrapper (cache, adaptive concurrency, retries, ledger).
+"""The `LLM` interface and the shared wrapper (cache, endpoints and adaptive concurrency, retries, ledger).
 
-Implementations only provide `_complete(request)`: one raw call returning `request.n` samples.
+Implementations only provide `_complete(request)`: one raw call returning `request.n` samples
+(`_complete_at(endpoint, request)` for backends that serve several endpoints).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from typing import Any, Awaitable, Callable, ClassVar, TypeVar
 import orjson
 from pydantic import BaseModel
 
+from backends.balancer import Balancer, EndpointState
 from backends.cache import ResponseCache, request_digest, sample_key
 from backends.config import LLMConfig
-from backends.errors import OVERLOAD, BackendError, CapabilityError, LLMRequestError
+from backends.errors import BackendError, CapabilityError, LLMRequestError
 from backends.jsonrepair import extract_json
 from backends.ledger import FailureLedger
 from backends.limiter import AdaptiveLimiter, backoff_delay
-from backends.redact import Redactor
+from backends.redact import Redactor, endpoint_name
 from backends.scoring import ScoringUnsupported, TokenLogprob, decode, encode
 from backends.stats import Stats
 from backends.types import ChatRequest, Completion
@@ -42,11 +44,12 @@ class LLM(ABC):
     def __init__(self, config: LLMConfig):
         self.config = config
         self.stats = Stats()
-        self.redact = Redactor([k for k in [config.api_key()] if k])
+        self.redact = Redactor(config.api_keys())
         self.ledger = FailureLedger(config.ledger_path, self.redact)
         self.cache = ResponseCache(config.cache_path) if config.cache_path else None
-        top = min(config.max_concurrency, self.max_parallel or config.max_concurrency)
-        self.limiter = AdaptiveLimiter(top, min(config.min_concurrency, top), top, config.concurrency_increase_after)
+        self.balancer = self._balancer(config)
+        if len(self.balancer.endpoints) > 1:
+            self.stats.endpoints = {ep.name: ep.stats for ep in self.balancer.endpoints}
         self._defaults = config.sampling_params()
         self._inflight: dict[str, asyncio.Future[Completion]] = {}
         self._rng = random.Random()
@@ -59,12 +62,20 @@ class LLM(ABC):
     async def _complete(self, request: ChatRequest) -> list[Completion]:
         """One raw call. Raise BackendError for classified failures."""
 
+    async def _complete_at(self, endpoint: int, request: ChatRequest) -> list[Completion]:
+        """One raw call to `config.endpoint_list()[endpoint]`; backends with one server ignore the index."""
+        return await self._complete(request)
+
     async def _close(self) -> None:
         """Release transport/engine resources."""
 
     async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
         """One raw scoring call: the logprob of every prompt token. Backends that can score override it."""
         raise ScoringUnsupported(f"the {self.backend_name} backend cannot score prompts (no prompt logprobs)")
+
+    async def _prompt_logprobs_at(self, endpoint: int, request: ChatRequest) -> list[TokenLogprob]:
+        """`_prompt_logprobs` at one endpoint, as `_complete_at` is `_complete`."""
+        return await self._prompt_logprobs(request)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -128,7 +139,7 @@ class LLM(ABC):
             self.stats.cache_hits += 1
             return decode(hit.text)
         try:
-            tokens = await self._with_retries(lambda: self._prompt_logprobs(request))
+            tokens = await self._with_retries(lambda endpoint: self._prompt_logprobs_at(endpoint, request))
         except BackendError as err:
             raise self._give_up(request, err.kind, str(err), getattr(err, "attempts", 1)) from None
         self.stats.prompt_tokens += len(tokens)
@@ -150,7 +161,23 @@ class LLM(ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def limiter(self) -> AdaptiveLimiter:
+        """The adaptive limit of the first (usually the only) endpoint."""
+        return self.balancer.endpoints[0].limiter
+
     # ---- wrapper layer ------------------------------------------------------------------------
+
+    def _balancer(self, config: LLMConfig) -> Balancer:
+        states = []
+        for i, ep in enumerate(config.endpoint_list()):
+            cap = ep.max_concurrency or config.max_concurrency
+            top = min(cap, self.max_parallel or cap)
+            limiter = AdaptiveLimiter(top, min(config.min_concurrency, top), top, config.concurrency_increase_after)
+            name = self.redact(endpoint_name(ep.base_url)) if ep.base_url else self.backend_name
+            states.append(EndpointState(i, name, ep.weight, limiter, config.endpoint_probe_s))
+        return Balancer(states, failures=config.endpoint_failures, probe_s=config.endpoint_probe_s,
+                        probe_max_s=config.endpoint_probe_max_s)
 
     def _build(
         self,
@@ -251,8 +278,8 @@ class LLM(ABC):
         return results  # type: ignore[return-value]
 
     async def _call_with_retries(self, request: ChatRequest) -> list[Completion]:
-        async def call() -> list[Completion]:
-            completions = await self._complete(request)
+        async def call(endpoint: int) -> list[Completion]:
+            completions = await self._complete_at(endpoint, request)
             self._validate(request, completions)
             return completions
 
@@ -260,46 +287,60 @@ class LLM(ABC):
         self._count_tokens(completions)
         return completions
 
-    async def _with_retries(self, call: Callable[[], Awaitable[T]]) -> T:
-        """`call()` under the limiter and the timeout, retried with backoff while its failure is retryable."""
+    async def _with_retries(self, call: Callable[[int], Awaitable[T]]) -> T:
+        """`call(endpoint)` in a slot of an endpoint and under the timeout, until one answers.
+
+        A call that fails because its endpoint is down goes at once to another endpoint that has not
+        failed it (not a retry: the request did nothing wrong); once every endpoint has, the failure
+        counts as an attempt, retried with backoff while it is retryable.
+        """
         cfg = self.config
         attempt = 0
+        tried: set[int] = set()  # endpoints that failed this request since its last counted attempt
         while True:
-            epoch = await self.limiter.acquire()
-            self.stats.calls += 1
             try:
-                async with asyncio.timeout(cfg.request_timeout_s):
-                    value = await call()
-            except CapabilityError:
-                self.limiter.release()
-                raise
-            except Exception as exc:
-                self.limiter.release()
-                err = self._classify(exc)
-                if err.kind in OVERLOAD:
-                    self.limiter.on_overload(epoch)
-                if not err.retryable or attempt >= cfg.max_retries:
-                    cut = getattr(err, "completions", None) if err.kind == "truncated" else None
-                    if cut is not None:
-                        # Still cut short after the retries: handed back with finish_reason=length,
-                        # for the caller to record as truncated (never as a whole answer).
-                        self.stats.truncated += 1
-                        log.warning("answer still cut short after %d attempt(s): returned as truncated", attempt + 1)
-                        return cut
-                    err.attempts = attempt + 1  # type: ignore[attr-defined]
-                    raise err from None
-                delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, err.retry_after, self._rng)
-                attempt += 1
-                self.stats.retries += 1
-                log.debug("retry %d after %s (%s); sleeping %.3fs", attempt, err.kind, err, delay)
-                await asyncio.sleep(delay)  # outside the slot: waiting must not hold capacity
-                continue
-            except BaseException:
-                self.limiter.release()
-                raise
-            self.limiter.release()
-            self.limiter.on_success()
-            return value
+                ep, epoch = await self.balancer.acquire(tried)
+            except BackendError as exc:  # no endpoint is live: a failed attempt like any other
+                err = exc
+            else:
+                self.stats.calls += 1
+                try:
+                    async with asyncio.timeout(cfg.request_timeout_s):
+                        value = await call(ep.index)
+                except CapabilityError:
+                    self.balancer.released(ep)
+                    raise
+                except Exception as exc:
+                    err = self._classify(exc)
+                    self.balancer.failed(ep, epoch, err.kind)
+                    if self.balancer.can_fail_over(err.kind, tried | {ep.index}):
+                        tried.add(ep.index)
+                        ep.stats.failed_over += 1
+                        self.stats.failovers += 1
+                        log.debug("%s failed on %s; resent to another endpoint", err.kind, ep.name)
+                        continue
+                except BaseException:
+                    self.balancer.released(ep)
+                    raise
+                else:
+                    self.balancer.succeeded(ep)
+                    return value
+            tried.clear()
+            if not err.retryable or attempt >= cfg.max_retries:
+                cut = getattr(err, "completions", None) if err.kind == "truncated" else None
+                if cut is not None:
+                    # Still cut short after the retries: handed back with finish_reason=length,
+                    # for the caller to record as truncated (never as a whole answer).
+                    self.stats.truncated += 1
+                    log.warning("answer still cut short after %d attempt(s): returned as truncated", attempt + 1)
+                    return cut
+                err.attempts = attempt + 1  # type: ignore[attr-defined]
+                raise err from None
+            delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, err.retry_after, self._rng)
+            attempt += 1
+            self.stats.retries += 1
+            log.debug("retry %d after %s (%s); sleeping %.3fs", attempt, err.kind, err, delay)
+            await asyncio.sleep(delay)  # outside any slot: waiting must not hold capacity
 
     def _count_tokens(self, completions: list[Completion]) -> None:
         for c in completions:

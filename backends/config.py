@@ -10,6 +10,22 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class Endpoint(BaseModel):
+    """One OpenAI-compatible server of the model; a config lists several to spread its requests."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True, frozen=True)
+
+    base_url: str
+    weight: float = Field(1.0, gt=0, description="share of traffic relative to the others, at equal load")
+    max_concurrency: int | None = Field(None, ge=1, description="its capacity; default: the config's")
+    # Name of the environment variable with this server's key; default: the config's api_key_env.
+    api_key_env: str | None = None
+
+    def api_key(self, default_env: str | None) -> str | None:
+        name = self.api_key_env or default_env
+        return os.environ.get(name) if name else None
+
+
 class LLMConfig(BaseModel):
     # hide_input_in_errors: a key pasted into the config by mistake must not be echoed back
     # inside a ValidationError message.
@@ -18,6 +34,12 @@ class LLMConfig(BaseModel):
     backend: Literal["openai", "llamacpp", "vllm", "fake"] = "openai"
     model: str = "default"
     base_url: str | None = None
+    # Several servers of the same model instead of one base_url (openai backend): requests go to
+    # the one with the most free capacity; one that keeps failing is taken out and probed back in.
+    endpoints: list[Endpoint] | None = Field(None, min_length=1)
+    endpoint_failures: int = Field(3, ge=1, description="consecutive failures that take an endpoint out")
+    endpoint_probe_s: float = Field(5.0, gt=0, description="wait before an endpoint taken out is tried again")
+    endpoint_probe_max_s: float = Field(60.0, gt=0, description="longest wait (it doubles per failed probe)")
     # Name of the environment variable holding the key; the key itself never lives here.
     api_key_env: str | None = "OPENAI_API_KEY"
     # HTTP transport of the openai backend: the lean built-in client (fast path) or the official SDK.
@@ -50,6 +72,14 @@ class LLMConfig(BaseModel):
     def _check_bounds(self) -> LLMConfig:
         if self.min_concurrency > self.max_concurrency:
             raise ValueError("min_concurrency must be <= max_concurrency")
+        if self.endpoints is not None:
+            if self.backend != "openai":
+                raise ValueError(f"endpoints are for the openai backend, not {self.backend}")
+            if self.base_url is not None:
+                raise ValueError("give base_url or endpoints, not both")
+            urls = [e.base_url.rstrip("/") for e in self.endpoints]
+            if len(set(urls)) != len(urls):
+                raise ValueError("endpoints repeat a base_url")
         return self
 
     @classmethod
@@ -78,3 +108,14 @@ class LLMConfig(BaseModel):
     def api_key(self) -> str | None:
         """Read the key at use time so it is never part of the model's state or repr."""
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def endpoint_list(self) -> list[Endpoint]:
+        """The servers requests go to: `endpoints`, or the one `base_url` (None: the backend's default)."""
+        if self.endpoints is not None:
+            return list(self.endpoints)
+        return [Endpoint(base_url=self.base_url or "", max_concurrency=self.max_concurrency)]
+
+    def api_keys(self) -> list[str]:
+        """Every key this config may send (to redact them all from errors and logs)."""
+        keys = [self.api_key()] + [e.api_key(self.api_key_env) for e in self.endpoints or ()]
+        return [k for k in keys if k]

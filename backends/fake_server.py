@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -400,6 +402,20 @@ def _run(coro: Any) -> None:
         asyncio.run(coro)
         return
     uvloop.run(coro)
+
+
+def spawn(*args: str, cwd: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """`python -m backends.fake_server --port 0 ARGS` in its own process (client and server must not
+    share one GIL); returns the process and its base URL once it listens. The caller stops it."""
+    proc = subprocess.Popen([sys.executable, "-m", "backends.fake_server", "--port", "0", *args],
+                            cwd=cwd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"fake server did not start: {line!r}")
+    return proc, line.rsplit(" ", 1)[1].strip()
 
 
 def main(argv: list[str] | None = None) -> None:

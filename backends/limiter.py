@@ -1,18 +1,18 @@
-"""Adaptive (AIMD) bound on in-flight requests, plus the retry backoff schedule."""
+"""Adaptive (AIMD) bound on one server's in-flight requests, plus the retry backoff schedule."""
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections import deque
 
 
 class AdaptiveLimiter:
-    """A semaphore whose size halves on overload and grows by one after a run of successes.
+    """A concurrency limit that halves on overload and grows by one after a run of successes.
 
-    Each acquire returns the current epoch; an overload signal only halves the limit if it comes
-    from a request admitted in the current epoch, so one burst of 429s (all caused by the same
-    over-commitment) halves once instead of collapsing the limit to the minimum.
+    It only counts: waiting for a free slot is the balancer's job (`backends.balancer`), which
+    asks `free` before it `take`s. Each take returns the current epoch; an overload signal only
+    halves the limit if it comes from a request admitted in the current epoch, so one burst of
+    429s (all caused by the same over-commitment) halves once instead of collapsing the limit
+    to the minimum.
     """
 
     def __init__(self, initial: int, minimum: int, maximum: int, increase_after: int = 16):
@@ -25,44 +25,26 @@ class AdaptiveLimiter:
         self.decreases = 0
         self.lowest = self.limit
         self._streak = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def acquire(self) -> int:
-        if self.in_flight < self.limit and not self._waiters:
-            self.in_flight += 1
-            return self.epoch
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # a slot was handed to us just as we were cancelled
-            else:
-                try:
-                    self._waiters.remove(fut)
-                except ValueError:
-                    pass
-            raise
+    @property
+    def free(self) -> int:
+        return self.limit - self.in_flight
+
+    def take(self) -> int:
+        self.in_flight += 1
         return self.epoch
 
     def release(self) -> None:
         self.in_flight -= 1
-        self._wake()
 
-    def _wake(self) -> None:
-        while self._waiters and self.in_flight < self.limit:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                self.in_flight += 1
-                fut.set_result(None)
-
-    def on_success(self) -> None:
+    def on_success(self) -> bool:
+        """Count a success; True when the limit grew (a waiter may now get a slot)."""
         self._streak += 1
         if self._streak >= self.increase_after and self.limit < self.maximum:
             self.limit += 1
             self._streak = 0
-            self._wake()
+            return True
+        return False
 
     def on_overload(self, epoch: int) -> None:
         self._streak = 0

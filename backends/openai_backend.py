@@ -65,60 +65,84 @@ def parse_body(body: bytes) -> list[Completion]:
         raise BackendError("malformed", f"unparseable response body ({type(exc).__name__})") from None
 
 
+class _Server:
+    """One endpoint's transport: the lean HTTP client, or the SDK once asked for or needed."""
+
+    def __init__(self, base_url: str, key: str | None, transport: str):
+        self.base_url = base_url
+        self.key = key
+        self.sdk: Any = None
+        self.http: HTTPClient | None = None
+        self.use_sdk = not (transport == "http" and base_url.startswith(("http://", "https://")))
+        if not self.use_sdk:
+            headers = {"Content-Type": "application/json"}
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            self.http = HTTPClient(base_url + "/chat/completions", headers)
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+        if self.sdk is not None:
+            await self.sdk.close()
+            self.sdk = None
+
+
 class OpenAILLM(LLM):
     backend_name = "openai"
 
     def __init__(self, config: LLMConfig):
         super().__init__(config)
-        base = (config.base_url or "https://api.openai.com/v1").rstrip("/")
-        self._base_url = base
-        key = config.api_key()
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._sdk: Any = None
-        self._http: HTTPClient | None = None
-        self._use_sdk = not (config.transport == "http" and base.startswith(("http://", "https://")))
-        if not self._use_sdk:
-            self._http = HTTPClient(base + "/chat/completions", headers)
-        else:
+        self._servers = [
+            _Server((ep.base_url or "https://api.openai.com/v1").rstrip("/"), ep.api_key(config.api_key_env),
+                    config.transport)
+            for ep in config.endpoint_list()
+        ]
+        if any(server.use_sdk for server in self._servers):
             # Import (slow) now, not inside the first request's timeout window; the SDK loads its
             # chat resources lazily, on first use.
             import openai.resources.chat  # noqa: F401
 
     async def _complete(self, request: ChatRequest) -> list[Completion]:
-        return parse_body(await self._send(build_payload(self.config.model, request)))
+        return await self._complete_at(0, request)
+
+    async def _complete_at(self, endpoint: int, request: ChatRequest) -> list[Completion]:
+        return parse_body(await self._send(self._servers[endpoint], build_payload(self.config.model, request)))
 
     async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
+        return await self._prompt_logprobs_at(0, request)
+
+    async def _prompt_logprobs_at(self, endpoint: int, request: ChatRequest) -> list[TokenLogprob]:
         """vLLM's `prompt_logprobs` (the request's params carry it); other servers ignore or refuse it."""
+        server = self._servers[endpoint]
         try:
-            body = await self._send(build_payload(self.config.model, request))
+            body = await self._send(server, build_payload(self.config.model, request))
         except BackendError as err:
             if err.status in (400, 422):  # hosted APIs refuse unknown parameters
-                raise ScoringUnsupported(f"{self.redact(self._base_url)} refused prompt_logprobs: {err}") from None
+                raise ScoringUnsupported(f"{self.redact(server.base_url)} refused prompt_logprobs: {err}") from None
             raise
         try:
             entries = orjson.loads(body).get("prompt_logprobs")
         except (orjson.JSONDecodeError, AttributeError):
             raise BackendError("malformed", "unparseable response body") from None
         if entries is None:
-            raise ScoringUnsupported(f"{self.redact(self._base_url)} returned no prompt_logprobs: the server does not "
-                                     "support vLLM's prompt_logprobs parameter")
+            raise ScoringUnsupported(f"{self.redact(server.base_url)} returned no prompt_logprobs: the server does "
+                                     "not support vLLM's prompt_logprobs parameter")
         return parse_prompt_logprobs(entries)
 
     # ---- lean HTTP transport ------------------------------------------------------------------
 
-    async def _send(self, payload: dict[str, Any]) -> bytes:
-        """POST one chat-completions payload; the response body of a 200 answer."""
-        if self._use_sdk or self._http is None:
-            return await self._send_sdk(payload)
+    async def _send(self, server: _Server, payload: dict[str, Any]) -> bytes:
+        """POST one chat-completions payload to `server`; the response body of a 200 answer."""
+        if server.use_sdk or server.http is None:
+            return await self._send_sdk(server, payload)
         body = orjson.dumps(payload)
         try:
-            resp = await self._http.post(body)
+            resp = await server.http.post(body)
         except Unsupported as exc:
-            log.info("%s from %s: using the openai SDK transport from now on", exc, self.redact(self._base_url))
-            self._use_sdk = True
-            return await self._send_sdk(payload)
+            log.info("%s from %s: using the openai SDK transport from now on", exc, self.redact(server.base_url))
+            server.use_sdk = True
+            return await self._send_sdk(server, payload)
         except OSError as exc:  # refused, reset or cut-off connections; the request may be resent
             raise BackendError("connection", self.redact(f"{type(exc).__name__}: {exc}")) from None
         if resp.status != 200:
@@ -132,27 +156,27 @@ class OpenAILLM(LLM):
 
     # ---- openai SDK transport -----------------------------------------------------------------
 
-    def _get_sdk(self) -> Any:
-        if self._sdk is None:
+    def _get_sdk(self, server: _Server) -> Any:
+        if server.sdk is None:
             import openai
 
-            self._sdk = openai.AsyncOpenAI(
-                base_url=self._base_url,
-                api_key=self.config.api_key() or "EMPTY",
+            server.sdk = openai.AsyncOpenAI(
+                base_url=server.base_url,
+                api_key=server.key or "EMPTY",
                 max_retries=0,  # retries belong to the shared layer, which also adapts concurrency
                 timeout=self.config.request_timeout_s,
                 http_client=openai.DefaultAioHttpClient(),
             )
-        return self._sdk
+        return server.sdk
 
-    async def _send_sdk(self, payload: dict[str, Any]) -> bytes:
+    async def _send_sdk(self, server: _Server, payload: dict[str, Any]) -> bytes:
         import openai
 
         payload = dict(payload)
         extra = {k: payload.pop(k) for k in list(payload) if k not in _SDK_PARAMS and k not in
                  ("model", "messages", "n", "tools", "tool_choice", "response_format")}
         try:
-            raw = await self._get_sdk().chat.completions.with_raw_response.create(**payload, extra_body=extra or None)
+            raw = await self._get_sdk(server).chat.completions.with_raw_response.create(**payload, extra_body=extra or None)
         except openai.APIStatusError as exc:
             raise BackendError(
                 kind_for_status(exc.status_code),
@@ -169,31 +193,39 @@ class OpenAILLM(LLM):
         return raw.content
 
     async def _close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-        if self._sdk is not None:
-            await self._sdk.close()
-            self._sdk = None
+        for server in self._servers:
+            await server.close()
 
 
 def endpoint_problem(config: LLMConfig, timeout_s: float = 10.0) -> str | None:
-    """Why the configured OpenAI-compatible endpoint cannot serve a job (None when it answers).
+    """Why the configured OpenAI-compatible endpoints cannot serve a job (None when one answers).
 
-    One cheap `GET {base_url}/models` before a job starts, so a wrong or unreachable URL is one
-    line instead of every task failing: not an http(s) URL, no connection (refused, unknown host,
-    timeout), or credentials refused (401/403). Any other answer, 404 included (some servers have
-    no /models), counts as reachable. The key goes only in the Authorization header and is
-    redacted from what is said.
+    One cheap `GET {base_url}/models` per endpoint before a job starts, so a wrong or unreachable
+    URL is one line instead of every task failing: not an http(s) URL, no connection (refused,
+    unknown host, timeout), or credentials refused (401/403). Any other answer, 404 included (some
+    servers have no /models), counts as reachable. With several endpoints, one that answers is
+    enough (the others are taken out and probed during the job); the line names them all. Keys go
+    only in the Authorization header and are redacted from what is said.
     """
+    from backends.redact import Redactor
+
+    redact = Redactor(config.api_keys())
+    problems = []
+    for ep in config.endpoint_list():
+        problem = _endpoint_problem((ep.base_url or "https://api.openai.com/v1").rstrip("/"),
+                                    ep.api_key(config.api_key_env), ep.api_key_env or config.api_key_env,
+                                    redact, timeout_s)
+        if problem is None:
+            return None
+        problems.append(problem)
+    return "; ".join(problems)
+
+
+def _endpoint_problem(base: str, key: str | None, key_env: str | None, redact: Any, timeout_s: float) -> str | None:
     import urllib.error
     import urllib.parse
     import urllib.request
 
-    from backends.redact import Redactor
-
-    base = (config.base_url or "https://api.openai.com/v1").rstrip("/")
-    key = config.api_key()
-    redact = Redactor([key] if key else [])
     url = urllib.parse.urlsplit(base)
     if url.scheme not in ("http", "https") or not url.hostname:
         return f"llm.base_url {redact(base)!r} is not an http(s) URL (e.g. http://localhost:8000/v1)"
@@ -210,7 +242,7 @@ def endpoint_problem(config: LLMConfig, timeout_s: float = 10.0) -> str | None:
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             return f"llm.base_url {redact(base)}: the server refused the credentials (HTTP {exc.code}; " \
-                   f"check {config.api_key_env or 'the API key'})"
+                   f"check {key_env or 'the API key'})"
         return None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)

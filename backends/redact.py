@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 # Generic shapes of bearer tokens/keys, so keys are caught even when we were not told the value
 # (e.g. a hosted API echoing a partial key back in its error body).
@@ -21,3 +22,13 @@ class Redactor:
             if s in text:
                 text = text.replace(s, "***")
         return _PATTERNS.sub("***", text)
+
+
+def endpoint_name(url: str) -> str:
+    """A server's URL as logs and summaries show it: no user:password, query or fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else url.split("?", 1)[0]

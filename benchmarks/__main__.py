@@ -114,6 +114,12 @@ def llm_rows(name: str, payload: dict[str, Any]) -> list[Figure]:
     reference = "ideal capacity/latency" + (f" (this job's best possible: {bound / ideal:.3f})" if bound else "")
     out = [Figure(name, "trajforge requests/s vs ideal", ours["rps"], "req/s", ideal, reference,
                   ">= 0.95", ours["rps"] / ideal >= 0.95)]
+    multi = payload.get("multi_endpoint")
+    if multi is not None:
+        caps = "+".join(str(c) for c in multi["capacities"])
+        out.append(Figure(name, f"trajforge requests/s over {len(multi['capacities'])} endpoints ({caps} slots)",
+                          multi["rps"], "req/s", multi["ideal_rps"], "sum of the endpoints' capacity/latency",
+                          ">= 0.9", multi["rps"] / multi["ideal_rps"] >= 0.9))
     for peer in ("distilabel", "curator"):
         got = payload.get(peer)
         metric = f"trajforge vs {peer}"
@@ -141,6 +147,7 @@ SUITE: tuple[Benchmark, ...] = (
               extract=export_rows),
     # The target is about 1M trajectories, so both sizes are 1M (about 2 minutes on 2 cores).
     Benchmark("viewer", "benchmarks.viewer", ("--records", "1000000"), ("--records", "1000000")),
+    Benchmark("portable", "benchmarks.portable", ("--records", "20000"), ("--records", "100000")),
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
     Benchmark("envs", "benchmarks.envs", (), ("--calls", "2000", "--episodes", "192", "--steps", "600",
                                               "--browser-episodes", "64")),

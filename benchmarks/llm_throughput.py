@@ -4,6 +4,10 @@ The default job is 2,048 requests: a multiple of the capacity (64). With a fixed
 slot serves its requests one after another, so a job of N requests needs at least ceil(N/C)
 rounds of L; for N = 2,000 that is 32 rounds, and no client could reach more than 0.977 of C/L.
 The bound for the job actually run is printed beside the ratio.
+
+The multi-endpoint case runs the same job over three fake servers of different capacity (by
+default 16, 16 and 32 slots: the same 64 in all) listed as `endpoints:` of one config, and
+compares the rate with the sum of their ideal capacities (target >= 0.9).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backends.fake_server import spawn
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "llm_throughput.json"
 VENVS = ROOT / "benchmarks" / ".venvs"
@@ -28,17 +34,7 @@ VENVS = ROOT / "benchmarks" / ".venvs"
 
 def start_server(latency: float, capacity: int) -> tuple[subprocess.Popen[str], str]:
     """Fake server in its own process: client and server must not share one GIL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "backends.fake_server", "--port", "0", "--latency", str(latency),
-         "--capacity", str(capacity)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise RuntimeError(f"fake server did not start: {line!r}")
-    return proc, line.rsplit(" ", 1)[1].strip()
+    return spawn("--latency", str(latency), "--capacity", str(capacity), cwd=str(ROOT))
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -54,13 +50,18 @@ def prompts(n: int) -> list[str]:
     return [f"Write one sentence about item number {i}." for i in range(n)]
 
 
-async def run_trajforge(base_url: str, n: int, capacity: int, cache_dir: str) -> dict[str, Any]:
+async def run_trajforge(servers: list[tuple[str, int]], n: int, cache_dir: str) -> dict[str, Any]:
+    """The job through one client: one server as `base_url`, several as `endpoints`."""
     from backends import LLMConfig, LLMRequestError, make_llm
 
+    where: dict[str, Any] = (
+        {"base_url": servers[0][0], "max_concurrency": servers[0][1]} if len(servers) == 1
+        else {"endpoints": [{"base_url": url, "max_concurrency": cap} for url, cap in servers]}
+    )
     cfg = LLMConfig(
-        backend="openai", model="fake-model", base_url=base_url, api_key_env=None,
-        max_concurrency=capacity, request_timeout_s=30, max_tokens=64,
+        backend="openai", model="fake-model", api_key_env=None, request_timeout_s=30, max_tokens=64,
         cache_path=os.path.join(cache_dir, "cache.sqlite"), ledger_path=os.path.join(cache_dir, "ledger.jsonl"),
+        **where,
     )
     async with make_llm(cfg) as llm:
         async def one(p: str) -> bool:
@@ -80,14 +81,15 @@ async def run_trajforge(base_url: str, n: int, capacity: int, cache_dir: str) ->
         }
 
 
-def measure_trajforge(proc: subprocess.Popen[str], base_url: str, n: int, capacity: int, ideal: float) -> dict[str, Any]:
-    """One run on a fresh cache, with the client's and the fake server's CPU per request."""
-    server_cpu0 = cpu_seconds(proc.pid)
+def measure_trajforge(procs: list[subprocess.Popen[str]], servers: list[tuple[str, int]], n: int,
+                      ideal: float) -> dict[str, Any]:
+    """One run on a fresh cache, with the client's and the fake servers' CPU per request."""
+    server_cpu0 = [cpu_seconds(p.pid) for p in procs]
     with tempfile.TemporaryDirectory() as tmp:
-        r = asyncio.run(run_trajforge(base_url, n, capacity, tmp))
-    server_cpu1 = cpu_seconds(proc.pid)
-    if server_cpu0 is not None and server_cpu1 is not None:
-        r["server_cpu_us_per_request"] = (server_cpu1 - server_cpu0) / n * 1e6
+        r = asyncio.run(run_trajforge(servers, n, tmp))
+    server_cpu1 = [cpu_seconds(p.pid) for p in procs]
+    if None not in server_cpu0 and None not in server_cpu1:
+        r["server_cpu_us_per_request"] = sum(b - a for a, b in zip(server_cpu0, server_cpu1)) / n * 1e6  # type: ignore[operator]
     rps = n / r["elapsed_s"]
     r.update(rps=rps, ratio=rps / ideal, lost=n - r["answered"] - r["ledgered"])
     return r
@@ -191,6 +193,29 @@ def run_peer(name: str, base_url: str, n: int, capacity: int, timeout_s: float) 
     return json.loads(lines[-1])
 
 
+def measure_endpoints(capacities: list[int], latency: float, n: int) -> dict[str, Any]:
+    """The job over several servers (one config, `endpoints:`) vs the sum of their ideal capacities."""
+    ideal = sum(capacities) / latency
+    started: list[subprocess.Popen[str]] = []
+    try:
+        servers = []
+        for cap in capacities:
+            proc, url = start_server(latency, cap)
+            started.append(proc)
+            servers.append((url, cap))
+        r = measure_trajforge(started, servers, n, ideal)
+    finally:
+        for proc in started:
+            proc.terminate()
+            proc.wait()
+    r.update(capacities=capacities, ideal_rps=ideal)
+    ok = {url: e["ok"] for url, e in r["stats"]["endpoints"].items()}
+    print(f"trajforge over {len(capacities)} endpoints (capacities {capacities}): {r['rps']:.1f} req/s, sum of ideal "
+          f"capacities {ideal:.1f} req/s, ratio {r['ratio']:.3f} (target >= 0.9); answered {r['answered']}, "
+          f"lost {r['lost']}; answers per endpoint {list(ok.values())}", flush=True)
+    return r
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=2048, help="a multiple of --capacity keeps C/L reachable")
@@ -199,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=1, help="trajforge runs; the median one is reported")
     ap.add_argument("--no-peers", action="store_true", help="only measure trajforge")
     ap.add_argument("--peer-timeout", type=float, default=300.0, help="seconds before a peer run is abandoned")
+    ap.add_argument("--endpoint-capacities", default="16,16,32",
+                    help="capacities of the multi-endpoint case's servers ('' to skip it)")
     a = ap.parse_args(argv)
     ideal = a.capacity / a.latency
     # With a fixed latency no client does better than ceil(N/C) rounds of L.
@@ -214,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         runs = []
         for _ in range(a.repeat):
-            r = measure_trajforge(proc, base_url, a.requests, a.capacity, ideal)
+            r = measure_trajforge([proc], [(base_url, a.capacity)], a.requests, ideal)
             runs.append(r)
             server = r.get("server_cpu_us_per_request")
             print(f"trajforge: {r['rps']:.1f} req/s, ideal {ideal:.1f} req/s, ratio {r['ratio']:.3f} (target >= 0.95); "
@@ -242,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         proc.terminate()
         proc.wait()
+    capacities = [int(c) for c in a.endpoint_capacities.split(",") if c.strip()]
+    if capacities:
+        result["multi_endpoint"] = measure_endpoints(capacities, a.latency, a.requests)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
     print(f"wrote {RESULTS.relative_to(ROOT)}")

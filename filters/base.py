@@ -82,15 +82,24 @@ def is_async(f: Filter) -> bool:
     return inspect.iscoroutinefunction(f.decide)
 
 
-def build_filter(spec: dict[str, Any]) -> Filter:
-    """One filter from one config entry `{name: ..., **options}`; `as:` renames it in reports."""
+def factories_for(specs: list[dict[str, Any]]) -> dict[str, FilterFactory]:
+    """The registered factory of every filter the specs name (to ship them to other processes)."""
+    _load_builtins()
+    return {s["name"]: _REGISTRY[s["name"]] for s in specs if isinstance(s, dict) and s.get("name") in _REGISTRY}
+
+
+def build_filter(spec: dict[str, Any], factories: dict[str, FilterFactory] | None = None) -> Filter:
+    """One filter from one config entry `{name: ..., **options}`; `as:` renames it in reports.
+
+    `factories` take precedence over the registry (a worker process gets the driver's).
+    """
     _load_builtins()
     if not isinstance(spec, dict) or "name" not in spec:
         raise FilterConfigError(f"a filter entry needs a 'name': {spec!r}")
     options = dict(spec)
     name = options.pop("name")
     alias = options.pop("as", None)
-    factory = _REGISTRY.get(name)
+    factory = (factories or {}).get(name) or _REGISTRY.get(name)
     if factory is None:
         raise FilterConfigError(f"unknown filter {name!r}; known: {', '.join(sorted(_REGISTRY))}")
     try:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from filters.base import Filter, FilterConfigError, JudgeFailed, build_filter, is_async
+from filters.base import Filter, FilterConfigError, FilterFactory, JudgeFailed, build_filter, is_async
 from schemas.models import Trajectory
 
 DEFAULT_CONCURRENCY = 32
@@ -51,9 +51,10 @@ def config_digest(specs: list[dict[str, Any]]) -> str:
 
 
 class Chain:
-    def __init__(self, specs: list[dict[str, Any]], concurrency: int = DEFAULT_CONCURRENCY) -> None:
+    def __init__(self, specs: list[dict[str, Any]], concurrency: int = DEFAULT_CONCURRENCY,
+                 factories: dict[str, FilterFactory] | None = None) -> None:
         self.specs = specs
-        self.filters: list[Filter] = [build_filter(s) for s in specs]
+        self.filters: list[Filter] = [build_filter(s, factories) for s in specs]
         names = [f.name for f in self.filters]
         if len(set(names)) != len(names):
             raise FilterConfigError(f"filter names repeat ({names}); give repeats a distinct `as:` name")

@@ -44,7 +44,8 @@ def filter_cmd(
     Unknown options (e.g. --direct_num_workers=2) are passed to Beam.
     """
     from filters.base import FilterConfigError
-    from pipelines.filter import PipelineError, run_filter
+    from pipelines.beam_runner import PipelineError
+    from pipelines.filter import run_filter
     from schemas.store import StoreError
 
     try:
@@ -91,7 +92,7 @@ def dedup_cmd(
 ) -> None:
     """Remove exact and near (MinHash LSH) duplicates; clusters go to OUTPUT/clusters.parquet."""
     from pipelines.dedup import run_dedup
-    from pipelines.filter import PipelineError
+    from pipelines.beam_runner import PipelineError
     from schemas.store import StoreError
 
     try:

@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from backends.stats import endpoint_table
 from envs.sandbox import SandboxUnavailable, sandbox_problem
 from envs.tasks import TaskFileError, TaskSourceConfig
 from flows.config_file import ConfigFileError
@@ -110,12 +111,15 @@ def print_summary(summary: RunSummary) -> None:
     for name, value in data["report"].items():
         table.add_row(name, _measure(value))
     llm = data["llm"]
-    for key in ("calls", "cache_hits", "retries", "failures", "truncated", "prompt_tokens", "completion_tokens"):
+    for key in ("calls", "cache_hits", "retries", "failovers", "failures", "truncated", "prompt_tokens",
+                "completion_tokens"):
         table.add_row(f"LLM {key.replace('_', ' ')}", f"{llm.get(key, 0):,}")
     judge = llm.get("judge") or {}
     for key in ("calls", "cache_hits", "failures") if judge else ():
         table.add_row(f"judge LLM {key.replace('_', ' ')}", f"{judge.get(key, 0):,}")
     console.print(table)
+    if llm.get("endpoints"):
+        console.print(endpoint_table(llm["endpoints"]))
 
 
 def _measure(value: object) -> str:

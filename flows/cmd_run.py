@@ -16,7 +16,8 @@ import typer
 from flows.console import console, fail
 from flows.run_summary import print_run_summary
 
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pipeline_demo.yaml"
+REPO = Path(__file__).resolve().parents[1]  # the checkout a work pool's workers run the flow from
+DEMO_CONFIG = REPO / "configs" / "pipeline_demo.yaml"
 
 
 def _prefect_defaults(config: Path, output: Path | None = None) -> None:
@@ -90,14 +91,41 @@ def serve(
     cron: Annotated[str | None, typer.Option(help="Cron schedule, e.g. '0 3 * * *'.")] = None,
     interval: Annotated[float | None, typer.Option(help="Run every N seconds.")] = None,
     name: Annotated[str, typer.Option(help="Deployment name.")] = "trajforge-pipeline",
+    pool: Annotated[str | None, typer.Option(help="Deploy to this Prefect work pool (its workers run the flow "
+                                                  "runs) instead of serving from this process.")] = None,
 ) -> None:
-    """Serve the pipeline flow on a schedule (a long-running process; Ctrl-C stops it)."""
-    if (cron is None) == (interval is None):
+    """Serve the pipeline flow on a schedule (a long-running process; Ctrl-C stops it), or deploy it to a work pool."""
+    if pool is None and (cron is None) == (interval is None):
         fail("give exactly one of --cron or --interval")
+    if cron is not None and interval is not None:
+        fail("give --cron or --interval, not both")
     config = _check(config)
     _prefect_defaults(config)
     from flows.pipeline import pipeline_flow
 
-    kwargs: dict[str, Any] = {"cron": cron} if cron is not None else {"interval": interval}
-    console.print(f"serving {name} ({'cron ' + cron if cron else f'every {interval}s'}) for {config}")
-    pipeline_flow.serve(name=name, parameters={"config_path": str(config)}, **kwargs)
+    schedule: dict[str, Any] = {"cron": cron} if cron is not None else {"interval": interval} if interval else {}
+    when = f"cron {cron}" if cron else f"every {interval}s" if interval else "on demand"
+    if pool is None:
+        console.print(f"serving {name} ({when}) for {config}")
+        pipeline_flow.serve(name=name, parameters={"config_path": str(config)}, **schedule)
+        return
+    deploy_to_pool(pool, name, config, schedule)
+    console.print(f"deployed trajforge-pipeline/{name} ({when}) to work pool {pool!r} for {config}\n"
+                  f"  workers:  prefect worker start --pool {pool}\n"
+                  f"  a run:    prefect deployment run 'trajforge-pipeline/{name}' "
+                  "[--param config_path=OTHER.yaml]", highlight=False)
+
+
+def deploy_to_pool(pool: str, name: str, config: Path, schedule: dict[str, Any]) -> None:
+    """Register the flow as a deployment of work pool `pool`; its workers run it from this checkout."""
+    from flows.pipeline import pipeline_flow
+
+    try:
+        pipeline_flow.from_source(source=str(REPO), entrypoint="flows/pipeline.py:pipeline_flow").deploy(
+            name=name, work_pool_name=pool, parameters={"config_path": str(config)}, build=False, push=False,
+            print_next_steps=False, ignore_warnings=True, **schedule,
+        )
+    except ValueError as exc:
+        if "Could not find work pool" not in str(exc):
+            raise
+        fail(f"no work pool {pool!r}; create it with: prefect work-pool create {pool} --type process")

@@ -7,7 +7,7 @@ same stage config, is not run again. State lives in `<output>/_state/<stage>/<na
 At the end the flow publishes a markdown artifact (counts per stage and per reason, ran/skipped
 and why, links to the outputs), link artifacts to the exports, and appends one line to
 `<output>/_runs.jsonl`. While it runs it prints one line per stage (and a progress bar for
-generation) on the console.
+generation) on the console. Runs into the same output take turns (`<output>/_pipeline.lock`).
 
 Only this package imports Prefect; generators and Beam pipelines run without it.
 """
@@ -15,9 +15,14 @@ Only this package imports Prefect; generators and Beam pipelines run without it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
 import re
+import socket
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,9 +35,11 @@ from prefect.cache_policies import NO_CACHE
 from flows import console as term
 from flows.pipeline_config import PipelineConfig, load_pipeline_config, stage_key
 from flows.progress import RichProgress
+from flows.run_summary import endpoint_counts, reasons
 
 RUNS_FILE = "_runs.jsonl"
 STATE_DIR = "_state"
+LOCK_FILE = "_pipeline.lock"
 
 
 def _version() -> str:
@@ -159,6 +166,7 @@ def generate_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
     counts.setdefault("tasks", summary.tasks)
     if entry.agent == "llm":
         counts.update({f"llm_{k}": summary.llm.get(k, 0) for k in ("prompt_tokens", "completion_tokens")})
+        counts.update(endpoint_counts(summary.llm))
     return _finish(cfg, "generate", entry.name, key, out, counts)
 
 
@@ -250,10 +258,36 @@ def _configured(fn, retries: int, timeout: float):
 @flow(name="trajforge-pipeline", log_prints=True)
 def pipeline_flow(config_path: str, output: str | None = None) -> dict[str, Any]:
     """Run every stage of the pipeline config at `config_path` (`output` replaces its output root)."""
-    logger = get_run_logger()
-    started = time.time()
     cfg = load_pipeline_config(config_path, output)
     cfg.root.mkdir(parents=True, exist_ok=True)
+    with output_lock(cfg.root):
+        return _run_stages(cfg, config_path)
+
+
+@contextlib.contextmanager
+def output_lock(root: Path) -> Iterator[None]:
+    """Hold `<root>/_pipeline.lock` while the stages run: a second run into the same output (an
+    overlapping schedule, two workers, a manual run) waits for the first, then finds its stages
+    done, instead of writing the same units twice. The OS releases the lock of a killed run."""
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip() or "another run"
+            get_run_logger().info("waiting for %s to finish with %s", holder, root)
+            term.console.print(f"waiting for {holder} to finish with {root}", highlight=False)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pipeline run {_flow_run_id()} (pid {os.getpid()} on {socket.gethostname()})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _run_stages(cfg: PipelineConfig, config_path: str) -> dict[str, Any]:
+    logger = get_run_logger()
+    started = time.time()
     r, t = cfg.retries, cfg.timeouts
     results: list[dict[str, Any]] = []
     step = _Steps(_stage_count(cfg))
@@ -346,7 +380,7 @@ def _publish(cfg: PipelineConfig, results: list[dict[str, Any]]) -> None:
         rows.append(f"| {res['stage']} | {res['name']} | {res['reason']} | {counts} |")
     rows += ["", "**Counts by reason**", "", "| stage | name | count | records |", "|---|---|---|---|"]
     for res in results:
-        rows += [f"| {res['stage']} | {res['name']} | {k} | {v} |" for k, v in res["counts"].items() if ":" in k]
+        rows += [f"| {res['stage']} | {res['name']} | {k} | {v} |" for k, v in reasons(res["counts"]).items()]
     rows += ["", "**Outputs**", ""]
     rows += [f"- {res['stage']}/{res['name']}: [{res['output']}]({Path(res['output']).as_uri()})" for res in results]
     rows += [f"- run log: [{cfg.root / RUNS_FILE}]({(cfg.root / RUNS_FILE).as_uri()})"]

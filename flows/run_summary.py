@@ -12,7 +12,9 @@ from flows.console import console
 # Which count is a stage's input and which its output (stages name them differently).
 _IN = ("in", "tasks_total", "tasks")
 _OUT = ("out", "kept", "written", "exported", "trajectories")
-_NOT_REASONS = ("source:", "available:")
+_NOT_REASONS = ("source:", "available:", "llm_endpoint:")
+_ENDPOINT = "llm_endpoint:"
+_ENDPOINT_COUNTS = ("calls", "ok", "failed", "failed_over", "taken_out")
 _LLM = (("llm_calls", "LLM calls"), ("llm_cache_hits", "cache hits"), ("llm_prompt_tokens", "prompt tokens"),
         ("llm_completion_tokens", "completion tokens"))
 
@@ -24,6 +26,23 @@ def _first(counts: dict[str, Any], keys: tuple[str, ...]) -> Any:
 def reasons(counts: dict[str, Any]) -> dict[str, Any]:
     """The per-reason counts of a stage (`filtered:x`, `reason:f:r`, `quarantined:s`, `skipped:r`)."""
     return {k: v for k, v in counts.items() if ":" in k and not k.startswith(_NOT_REASONS)}
+
+
+def endpoint_counts(llm: dict[str, Any]) -> dict[str, int]:
+    """A generation's per-endpoint LLM counts as stage counts: `llm_endpoint:<url>|<count>`."""
+    return {f"{_ENDPOINT}{url}|{k}": c.get(k, 0) for url, c in (llm.get("endpoints") or {}).items()
+            for k in _ENDPOINT_COUNTS}
+
+
+def _endpoint_lines(stage: dict[str, Any]) -> list[str]:
+    per: dict[str, dict[str, Any]] = {}
+    for key, n in stage["counts"].items():
+        if key.startswith(_ENDPOINT):
+            url, _, what = key[len(_ENDPOINT):].rpartition("|")
+            per.setdefault(url, {})[what] = n
+    return [f"  {stage['stage']} {stage['name']}: {url} " + ", ".join(f"{k.replace('_', ' ')} {c.get(k, 0):,}"
+                                                                     for k in _ENDPOINT_COUNTS)
+            for url, c in per.items()]
 
 
 def llm_totals(stages: list[dict[str, Any]]) -> dict[str, int]:
@@ -53,6 +72,8 @@ def print_run_summary(result: dict[str, Any]) -> None:
         for key, n in reasons(s["counts"]).items():
             console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
     console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items()), highlight=False)
+    for line in (line for s in stages for line in _endpoint_lines(s)):
+        console.print(line, highlight=False)
     console.print("[bold]outputs[/]")
     for s in stages:
         if s["stage"] != "export":

@@ -94,6 +94,7 @@ class MethodConfig(BaseModel):
 _LLM_RUNTIME_KEYS = {
     "max_concurrency", "min_concurrency", "concurrency_increase_after", "request_timeout_s", "max_retries",
     "backoff_base_s", "backoff_max_s", "cache_path", "ledger_path", "api_key_env", "base_url", "n_threads",
+    "endpoints", "endpoint_failures", "endpoint_probe_s", "endpoint_probe_max_s",
 }
 
 

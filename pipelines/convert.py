@@ -36,32 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import apache_beam as beam
 
-
-class _DropGcpImportWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "apitools not found" not in record.getMessage()
-
-
-class _DropRunningModeWarning(logging.Filter):
-    # FnApiRunner warns when several workers run without its own multi-process mode; ours
-    # (`_local_runner`) is that mode with a worker that exits with the driver.
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "direct_running_mode" not in record.getMessage()
-
-
-_RUNNING_MODE_FILTER = _DropRunningModeWarning()
-
-# Importing Beam logs a warning about optional GCP client libraries; it is noise for a CLI.
-_filter = _DropGcpImportWarning()
-logging.getLogger().addFilter(_filter)
-try:
-    import apache_beam as beam  # noqa: E402
-    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
-finally:
-    logging.getLogger().removeFilter(_filter)
-
-from converters.registry import get_converter  # noqa: E402
+from converters.registry import get_converter
+from pipelines.beam_runner import DEFAULT_RUNNER, check_portable, run_beam
 from pipelines.convert_work import (
     ChunkResult,
     committed_ids,
@@ -78,9 +56,8 @@ from pipelines.convert_render import with_renderer
 from pipelines.convert_worker import driver_identity
 from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
 from schemas.models import SCHEMA_VERSION
-from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset, StoreError
+from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset
 
-DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 STAGING_PREFIX = f"{TEMP_PREFIX}convert-"
 # Converted, uncommitted chunks; kept across runs so a re-run after a kill takes them over.
 STAGED_DIR = f"{STAGING_PREFIX}staged"
@@ -93,6 +70,16 @@ _LOCAL_RUNNERS = frozenset({DEFAULT_RUNNER, "FnApiRunner"})
 # Partitions of the id space for the duplicate decision: its parallelism, and 1/N of the ids in
 # memory per partition.
 ID_PARTITIONS = 64
+
+
+class _DropRunningModeWarning(logging.Filter):
+    # FnApiRunner warns when several workers run without its own multi-process mode; ours
+    # (`_local_runner`) is that mode with a worker that exits with the driver.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "direct_running_mode" not in record.getMessage()
+
+
+_RUNNING_MODE_FILTER = _DropRunningModeWarning()
 
 
 class ConvertError(Exception):
@@ -142,6 +129,9 @@ class ConvertChunk(beam.DoFn):
 
     def __init__(self, source: str, output: str, spill_dir: str, max_rows: int, max_bytes: int) -> None:
         self.source = source
+        # Resolved on the driver and pickled along: a converter registered by the user's own code
+        # is unknown to a worker's registry.
+        self.converter = get_converter(source)
         self.output = output
         self.spill_dir = spill_dir
         self.max_rows = max_rows
@@ -149,8 +139,8 @@ class ConvertChunk(beam.DoFn):
         self.records_in = beam.metrics.Metrics.counter("convert", "records_in")
 
     def setup(self) -> None:
-        # The registry import happens on the worker; so does the browser, for converters that render pages.
-        self.info, self.renderer = with_renderer(get_converter(self.source))
+        # The browser starts on the worker, for converters that render pages.
+        self.info, self.renderer = with_renderer(self.converter)
         self.dataset = Dataset(Path(self.output))
 
     def teardown(self) -> None:
@@ -222,13 +212,6 @@ def build_pipeline(
     _ = results | "Write" >> beam.ParDo(
         WriteUnit(output, max_rows, max_bytes), losers=beam.pvalue.AsSingleton(losers)
     )
-
-
-def _with_temp_location(beam_args: Sequence[str], tmp: str) -> list[str]:
-    args = list(beam_args)
-    if not any(a.startswith("--temp_location") for a in args):
-        args.append(f"--temp_location={tmp}")
-    return args
 
 
 def _poll_progress(
@@ -326,6 +309,7 @@ def run_convert(
     if not inputs:
         raise ConvertError("no inputs given")
     local_workers(workers, runner, beam_args, 0)  # a conflicting request fails before the output is touched
+    check_portable(runner, beam_args, ConvertError)
     chunks = plan_chunks(list(inputs), chunk_size, info.episode_key)
     converter = f"{info.fn.__module__}.{info.fn.__qualname__}"
     ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),
@@ -386,18 +370,10 @@ def _run_pipeline(
         poller = threading.Thread(target=_poll_progress, args=(ds, spill_dir, todo, on_progress, stop), daemon=True)
         poller.start()
     try:
-        options = PipelineOptions(_with_temp_location(beam_args, str(beam_tmp)))
-        try:
-            with beam.Pipeline(runner=runner, options=options) as p:
-                build_pipeline(p, todo, finished, source=source, output=out_path, spill_dir=str(spill_dir),
-                               max_rows=max_rows, max_bytes=max_bytes)
-        except (InputError, StoreError):
-            raise
-        except Exception as exc:
-            # Runners wrap worker errors in long multi-line messages; the CLI shows one line.
-            # Finished units stay committed, so a re-run resumes after the fix.
-            lines = [line for line in str(exc).splitlines() if line.strip()]
-            raise ConvertError(f"pipeline failed: {type(exc).__name__}: {lines[-1] if lines else ''}") from exc
+        run_beam(lambda p: build_pipeline(p, todo, finished, source=source, output=out_path,
+                                          spill_dir=str(spill_dir), max_rows=max_rows, max_bytes=max_bytes),
+                 runner=runner, beam_args=beam_args, temp_location=beam_tmp, error=ConvertError,
+                 passthrough=(InputError,))
     finally:
         stop.set()
         if poller is not None:

@@ -51,11 +51,8 @@ from filters.dedup import (
     exact_hash,
     lsh_params,
 )
+from pipelines.beam_runner import DEFAULT_RUNNER, PipelineError, check_portable, run_beam, staging_dir
 from pipelines.filter import (
-    DEFAULT_RUNNER,
-    PipelineError,
-    run_beam,
-    staging_dir,
     summarize_units,
     trajforge_version,
     unit_for_shard,
@@ -437,6 +434,7 @@ def run_dedup(
     started = time.perf_counter()
     if not 0.0 < threshold <= 1.0:
         raise PipelineError(f"threshold must be in (0, 1], got {threshold}")
+    check_portable(runner, beam_args)
     source = Dataset.open(input_dir)
     check_apart(output, [input_dir])
     shards = [s.resolve() for s in source.checked_shard_files("trajectories")]
@@ -470,7 +468,7 @@ def run_dedup(
                 | "Sign" >> beam.ParDo(SignShard(str(spill), num_perm, params, partitions))
                 | "ByBand" >> beam.GroupByKey()
                 | "Buckets" >> beam.ParDo(FindBuckets(str(spill), partitions))
-            ), runner=runner, beam_args=beam_args, staging=staging / "beam")
+            ), runner=runner, beam_args=beam_args, temp_location=staging / "beam")
             n_clusters, candidates, verified = cluster(spill, ds.path, threshold, prefer_reward, not exact_only)
             if todo:
                 out_path = str(ds.path.resolve())
@@ -479,7 +477,7 @@ def run_dedup(
                     | "Shards" >> beam.Create(todo)
                     | "Spread" >> beam.Reshuffle()
                     | "Write" >> beam.ParDo(WriteShard(out_path, str(spill), max_rows))
-                ), runner=runner, beam_args=beam_args, staging=staging / "beam")
+                ), runner=runner, beam_args=beam_args, temp_location=staging / "beam")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     missing = [u for u in units if not ds.is_finished(u)]

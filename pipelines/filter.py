@@ -18,30 +18,25 @@ import asyncio
 import hashlib
 import importlib.metadata
 import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import apache_beam as beam
 import orjson
 import pyarrow.parquet as pq
-from apache_beam.options.pipeline_options import PipelineOptions
 
+from filters.base import FilterFactory, factories_for
 from filters.chain import DEFAULT_CONCURRENCY, Chain, Outcome, config_digest, load_config
+from pipelines.beam_runner import DEFAULT_RUNNER, PipelineError, check_portable, run_beam, staging_dir
 from schemas.arrow import trajectory_from_row
 from schemas.models import FilterDecision, Filtered, Quarantined
-from schemas.store import DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset, StoreError, check_apart
+from schemas.store import DEFAULT_MAX_ROWS, Dataset, check_apart
 
-DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 DEFAULT_BATCH = 256
 BALANCE_KEYS = ("in", "kept", "filtered", "quarantined")
-
-
-class PipelineError(Exception):
-    """A fatal problem with a pipeline run (bad config, counts that do not add up, a failed runner)."""
 
 
 def trajforge_version() -> str:
@@ -56,40 +51,22 @@ def unit_for_shard(shard: Path) -> str:
     return shard.stem
 
 
-def run_beam(build: Callable[[beam.Pipeline], None], *, runner: str, beam_args: Sequence[str], staging: Path) -> None:
-    """Run a pipeline; Beam's temp files live in `staging` (inside the output, removed by the caller)."""
-    args = list(beam_args)
-    if not any(a.startswith("--temp_location") for a in args):
-        args.append(f"--temp_location={staging}")
-    try:
-        with beam.Pipeline(runner=runner, options=PipelineOptions(args)) as p:
-            build(p)
-    except StoreError:
-        raise
-    except Exception as exc:
-        # Runners wrap worker errors in long messages; keep the last line for the CLI.
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        raise PipelineError(f"pipeline failed: {type(exc).__name__}: {lines[-1] if lines else ''}") from exc
-
-
-def staging_dir(ds: Dataset, stage: str) -> Path:
-    # Leftovers of a killed run are hidden dirs in the output; clear them first.
-    for stale in ds.path.glob(f"{TEMP_PREFIX}{stage}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{stage}-", dir=ds.path))
-
-
 def _quarantine(record_id: str, stage: str, error: str, raw: Any, location: str) -> Quarantined:
     return Quarantined(id=record_id or "?", stage=stage, error=error[:2000],
                        raw=orjson.dumps(raw, default=str).decode(), location=location)
 
 
 class FilterShard(beam.DoFn):
-    """Filter one input shard into one output unit."""
+    """Filter one input shard into one output unit.
 
-    def __init__(self, specs: list[dict[str, Any]], output: str, *, batch_size: int, concurrency: int,
-                 max_rows: int) -> None:
+    It carries the filters' factories as the driver found them: a filter registered by the
+    user's own code is then known to workers that never ran that code.
+    """
+
+    def __init__(self, specs: list[dict[str, Any]], factories: dict[str, FilterFactory], output: str, *,
+                 batch_size: int, concurrency: int, max_rows: int) -> None:
         self.specs = specs
+        self.factories = factories
         self.output = output
         self.batch_size = batch_size
         self.concurrency = concurrency
@@ -97,7 +74,7 @@ class FilterShard(beam.DoFn):
         self.records_in = beam.metrics.Metrics.counter("filter", "records_in")
 
     def setup(self) -> None:
-        self.chain = Chain(self.specs, self.concurrency)
+        self.chain = Chain(self.specs, self.concurrency, self.factories)
         self.dataset = Dataset(Path(self.output))
 
     def start_bundle(self) -> None:
@@ -141,6 +118,25 @@ class FilterShard(beam.DoFn):
             self.records_in.inc(c["in"])
             counts = dict(c)
         yield counts
+
+
+# Filter options that name files: relative ones are resolved on the driver, whose working
+# directory workers do not share. A tokenizer may also be a hub name, so only an existing path is.
+_PATH_OPTIONS = ("cache_path", "ledger_path", "model_path")
+
+
+def absolute_paths(value: Any) -> Any:
+    """`value` (filter specs) with every path option made absolute."""
+    if isinstance(value, list):
+        return [absolute_paths(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, v in value.items():
+        if isinstance(v, str) and (key in _PATH_OPTIONS or (key == "tokenizer" and Path(v).exists())):
+            v = str(Path(v).expanduser().resolve())
+        out[key] = absolute_paths(v)
+    return out
 
 
 def _row_batches(path: Path, batch_size: int) -> Iterator[list[tuple[int, dict[str, Any]]]]:
@@ -220,6 +216,8 @@ def run_filter(
     started = time.perf_counter()
     specs = load_config(config)
     Chain(specs)  # fail fast on a bad config, before any Beam work
+    check_portable(runner, beam_args)
+    factories = factories_for(specs)
     source = Dataset.open(input_dir)
     check_apart(output, [input_dir])
     shards = source.checked_shard_files("trajectories")
@@ -240,9 +238,10 @@ def run_filter(
                 p
                 | "Shards" >> beam.Create(todo)
                 | "Spread" >> beam.Reshuffle()
-                | "Filter" >> beam.ParDo(FilterShard(specs, out_path, batch_size=batch_size,
-                                                     concurrency=concurrency, max_rows=max_rows))
-            ), runner=runner, beam_args=beam_args, staging=staging)
+                | "Filter" >> beam.ParDo(FilterShard(absolute_paths(specs), factories, out_path,
+                                                     batch_size=batch_size, concurrency=concurrency,
+                                                     max_rows=max_rows))
+            ), runner=runner, beam_args=beam_args, temp_location=staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     missing = [u for u in units if not ds.is_finished(u)]

@@ -1,45 +1,49 @@
-"""AIMD concurrency: halves on overload (once per burst), grows back after successes."""
+"""AIMD concurrency: halves on overload (once per burst), grows back after successes; the
+balancer's slots bound what is in flight."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 
+from backends.balancer import Balancer, EndpointState
 from backends.limiter import AdaptiveLimiter, backoff_delay
 
 
-def test_halves_once_per_epoch_and_respects_minimum():
-    async def go():
-        lim = AdaptiveLimiter(initial=16, minimum=2, maximum=16, increase_after=3)
-        epochs = [await lim.acquire() for _ in range(10)]
-        for e in epochs:  # a burst of 429s from requests admitted together
-            lim.on_overload(e)
-            lim.release()
-        assert lim.limit == 8 and lim.decreases == 1
-        for _ in range(5):
-            lim.on_overload(lim.epoch)
-        assert lim.limit == 2 and lim.lowest == 2
-        for _ in range(9):
-            lim.on_success()
-        assert lim.limit == 5
-        for _ in range(100):
-            lim.on_success()
-        assert lim.limit == 16
+def _one_server(limit: int) -> Balancer:
+    return Balancer([EndpointState(0, "only", 1.0, AdaptiveLimiter(limit, 1, limit), 1.0)])
 
-    asyncio.run(go())
+
+def test_halves_once_per_epoch_and_respects_minimum():
+    lim = AdaptiveLimiter(initial=16, minimum=2, maximum=16, increase_after=3)
+    epochs = [lim.take() for _ in range(10)]
+    for e in epochs:  # a burst of 429s from requests admitted together
+        lim.on_overload(e)
+        lim.release()
+    assert lim.limit == 8 and lim.decreases == 1
+    for _ in range(5):
+        lim.on_overload(lim.epoch)
+    assert lim.limit == 2 and lim.lowest == 2
+    for _ in range(9):
+        lim.on_success()
+    assert lim.limit == 5
+    for _ in range(100):
+        lim.on_success()
+    assert lim.limit == 16
 
 
 def test_bounds_in_flight():
     async def go():
-        lim = AdaptiveLimiter(initial=3, minimum=1, maximum=3)
+        bal = _one_server(3)
+        lim = bal.endpoints[0].limiter
         peak = 0
 
         async def work():
             nonlocal peak
-            await lim.acquire()
+            ep, _ = await bal.acquire()
             peak = max(peak, lim.in_flight)
             await asyncio.sleep(0.001)
-            lim.release()
+            bal.succeeded(ep)
 
         await asyncio.gather(*(work() for _ in range(50)))
         assert peak == 3 and lim.in_flight == 0
@@ -49,15 +53,15 @@ def test_bounds_in_flight():
 
 def test_cancelled_waiter_does_not_leak_a_slot():
     async def go():
-        lim = AdaptiveLimiter(initial=1, minimum=1, maximum=1)
-        await lim.acquire()
-        waiter = asyncio.ensure_future(lim.acquire())
+        bal = _one_server(1)
+        ep, _ = await bal.acquire()
+        waiter = asyncio.ensure_future(bal.acquire())
         await asyncio.sleep(0)
         waiter.cancel()
-        lim.release()
+        bal.succeeded(ep)
         await asyncio.sleep(0)
-        assert lim.in_flight == 0
-        await asyncio.wait_for(lim.acquire(), 1)
+        assert ep.limiter.in_flight == 0
+        await asyncio.wait_for(bal.acquire(), 1)
 
     asyncio.run(go())
 
