@@ -26,7 +26,9 @@ import io
 import itertools
 import mmap
 import os
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
@@ -40,6 +42,7 @@ HF_PREFIX = "hf:"
 DEFAULT_CHUNK_SIZE = 5000
 DEFAULT_HF_SPLIT = "train"
 _BLOCK = 1 << 24  # bytes scanned at a time for JSONL line offsets
+_SCAN_THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
 _NEWLINE = ord("\n")
 _COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL = (".jsonl", ".ndjson")
@@ -325,37 +328,66 @@ def _plan_one(spec: str, kind: str, input_index: int, chunk_size: int) -> list[C
 def _line_offsets(path: str, every: int) -> tuple[list[int], int]:
     """Byte offsets of lines 0, every, 2*every, ... and the number of lines.
 
-    Finds newlines with numpy over a memory map of the file, a block at a time: nothing is
-    copied into Python bytes and no Python code runs per line, so sizing a multi-GB file
-    costs a fraction of reading it. Each block is unmapped from the process once scanned, so
-    the process's resident memory does not grow with the file (the pages stay in the page cache).
+    Two passes over blocks of the file, each spread over a few threads (reads and numpy's
+    comparisons run without the GIL): the first counts the newlines of every block, the
+    second finds the wanted offsets in the blocks they fall in (with thousands of lines per
+    chunk, a few of them). No Python code runs per line and each thread holds one block, so
+    sizing a multi-GB file costs a fraction of reading it (4.8 GiB from the page cache: 0.5 s
+    on 2 cores; one thread over a memory map took 0.85 s).
     """
     size = os.path.getsize(path)
     if size == 0:
         return [], 0
-    offsets = [0]
-    lines = 0
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        data = np.frombuffer(mm, dtype=np.uint8)
-        flags = np.empty(min(_BLOCK, size), dtype=bool)
-        for pos in range(0, size, _BLOCK):
-            block_flags = flags[: min(_BLOCK, size - pos)]
-            np.equal(data[pos : pos + len(block_flags)], _NEWLINE, out=block_flags)
-            newlines = int(np.count_nonzero(block_flags))
-            if lines + newlines >= len(offsets) * every:
-                ends = np.flatnonzero(block_flags)  # newline positions; line lines+j+1 ends at ends[j]
-                for j in range(every - lines % every - 1, newlines, every):
-                    offsets.append(pos + int(ends[j]) + 1)
-            lines += newlines
-            if hasattr(mm, "madvise"):  # not on Windows
-                page = pos - pos % mmap.PAGESIZE  # madvise takes whole pages
-                mm.madvise(mmap.MADV_DONTNEED, page, pos + len(block_flags) - page)
-        if mm[size - 1] != _NEWLINE:
-            lines += 1  # a last line without a newline
-        del data, block_flags  # views of the map must go before it closes
+    starts = range(0, size, _BLOCK)
+    with open(path, "rb", buffering=0) as fh, ThreadPoolExecutor(_SCAN_THREADS) as pool:
+        scan = _BlockScanner(fh.fileno(), size)
+        counts = list(pool.map(scan.count, starts))
+        # Line k*every starts after newline number k*every - 1 (0-based): the block holding it.
+        before = np.concatenate(([0], np.cumsum(counts)))
+        wanted = np.arange(every - 1, int(before[-1]), every)
+        holders = np.searchsorted(before, wanted, side="right") - 1
+        need = np.unique(holders).tolist()
+        found = pool.map(lambda b: scan.ends(starts[b], wanted[holders == b] - before[b]), need)
+        last = os.pread(fh.fileno(), 1, size - 1)
+        offsets = [0] + [int(end) + 1 for ends in found for end in ends]
+    lines = int(before[-1]) + (last != b"\n")  # a last line without a newline counts
     if offsets[-1] >= size and len(offsets) > 1:
         offsets.pop()  # the file ends exactly on a chunk boundary
     return offsets, lines
+
+
+class _BlockScanner:
+    """Newlines of one block of a file, read with `pread` into a buffer of the calling thread."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self.local = threading.local()
+
+    def _flags(self, start: int) -> np.ndarray:
+        local = self.local
+        if not hasattr(local, "buffer"):
+            local.buffer = bytearray(min(_BLOCK, self.size))
+            local.data = np.frombuffer(local.buffer, dtype=np.uint8)
+            local.flags = np.empty(len(local.buffer), dtype=bool)
+        n = min(len(local.buffer), self.size - start)
+        view = memoryview(local.buffer)[:n]
+        got = 0
+        while got < n:  # pread may return less than asked
+            read = os.preadv(self.fd, [view[got:]], start + got)
+            if read == 0:
+                raise OSError(f"file shrank while being read (at byte {start + got})")
+            got += read
+        flags = local.flags[:n]
+        np.equal(local.data[:n], _NEWLINE, out=flags)
+        return flags
+
+    def count(self, start: int) -> int:
+        return int(np.count_nonzero(self._flags(start)))
+
+    def ends(self, start: int, which: np.ndarray) -> np.ndarray:
+        """File positions of the block's newlines number `which` (0-based within the block)."""
+        return start + np.flatnonzero(self._flags(start))[which]
 
 
 def _count_records(spec: str, kind: str) -> int:
@@ -377,6 +409,9 @@ def _count_records(spec: str, kind: str) -> int:
 
 
 # ---- reading ------------------------------------------------------------------------
+
+
+_READ_BUFFER = 1 << 20
 
 
 def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
@@ -412,7 +447,9 @@ def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
 
 def _read_jsonl_range(chunk: Chunk) -> Iterator[tuple[str, Any]]:
     # Line by line from the buffered file: one copy of each line, not the chunk read whole and split.
-    with open(chunk.input, "rb") as fh:
+    # A 1 MiB buffer: agent records are tens of KB, and the default 8 KiB buffer reads each line in
+    # pieces and joins them (measured: 16 us per 25 KB line at 8 KiB, 4 us at 1 MiB).
+    with open(chunk.input, "rb", buffering=_READ_BUFFER) as fh:
         fh.seek(chunk.byte_start)
         yield from _parse_lines(chunk.input, chunk.start, itertools.islice(fh, chunk.stop - chunk.start))
 
@@ -445,7 +482,7 @@ def _open_compressed(path: str, kind: str) -> IO[bytes]:
 
     raw = open(path, "rb")
     reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-    return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
+    return io.BufferedReader(reader, buffer_size=_READ_BUFFER)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=1)
