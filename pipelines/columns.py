@@ -90,7 +90,10 @@ class BatchBuilder:
         self.rows.append(row)
 
     def finish(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_struct_array(pa.array(self.rows, type=_ROW_TYPE))
+        """The batch of the rows added so far; the builder is empty afterwards (also when Arrow
+        rejects a value), so the rows' memory goes at once."""
+        rows, self.rows = self.rows, []
+        return pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
 
 
 def trajectories_to_batch(trajs: Sequence[Trajectory]) -> pa.RecordBatch:

@@ -3,10 +3,10 @@
 Pipeline shape (see `pipelines.convert_work` for why there are two steps):
 
     Create(todo chunks) | Reshuffle | ParDo(ConvertChunk)     -> chunk results (ids, counts)
-    results -> (id partition, [(id, position)])               ┐
-    Create(finished units) | ReadIds                          │ Flatten | GroupByKey(partition)
-            -> (id partition, [(id, COMMITTED)])              ┘ | pick losers | GroupByKey(unit)
-    results | ParDo(WriteUnit, losers as a side input)        -> one committed unit per chunk
+    results -> (id partition, the chunk's ids in it)          ┐
+    Create(finished units) | ReadIds (only when resuming)     │ Flatten | GroupByKey(partition)
+            -> (id partition, the unit's ids in it)           ┘ | pick losers -> (unit, seq)
+    results | ParDo(WriteUnit, losers as a multimap side input) -> one committed unit per chunk
 
 The driver (`run_convert`) plans the chunks, skips those whose unit is already finished
 (resume, idempotent re-run), runs the pipeline, and sums the manifest's unit counts for the
@@ -42,12 +42,11 @@ from converters.registry import get_converter
 from pipelines.beam_runner import DEFAULT_RUNNER, check_portable, run_beam
 from pipelines.convert_work import (
     ChunkResult,
-    committed_ids,
     convert_chunk,
     load_result,
     losers_of_partition,
-    partitioned,
-    positions,
+    partitioned_committed_ids,
+    partitioned_ids,
     prune_staged,
     staged_units,
     write_unit,
@@ -168,9 +167,9 @@ class WriteUnit(beam.DoFn):
     def setup(self) -> None:
         self.dataset = Dataset(Path(self.output))
 
-    def process(self, result: ChunkResult, losers: dict[str, list[int]]) -> Any:
+    def process(self, result: ChunkResult, losers: Any) -> Any:  # a multimap: unit -> seqs
         counts = write_unit(
-            result, self.dataset, losers.get(result.unit, ()), max_rows=self.max_rows, max_bytes=self.max_bytes,
+            result, self.dataset, list(losers[result.unit]), max_rows=self.max_rows, max_bytes=self.max_bytes,
         )
         self.duplicates.inc(counts.get("duplicate", 0))
         yield counts
@@ -193,24 +192,19 @@ def build_pipeline(
         | "Spread" >> beam.Reshuffle()
         | "Convert" >> beam.ParDo(ConvertChunk(source, output, spill_dir, max_rows, max_bytes))
     )
-    new_ids = results | "NewIds" >> beam.FlatMap(lambda result: partitioned(positions(result), ID_PARTITIONS))
-    old_ids = (
-        p
-        | "FinishedUnits" >> beam.Create(finished)
-        | "SpreadFinished" >> beam.Reshuffle()
-        | "CommittedIds" >> beam.FlatMap(lambda unit: partitioned(committed_ids(output, unit), ID_PARTITIONS))
-    )
-    # Duplicates are rare, so the losers (unit -> positions to drop) fit in one side input.
-    losers = (
-        (new_ids, old_ids)
-        | "AllIds" >> beam.Flatten()
-        | "ByPartition" >> beam.GroupByKey()
-        | "Losers" >> beam.FlatMap(losers_of_partition)
-        | "ByUnit" >> beam.GroupByKey()
-        | "AsDict" >> beam.combiners.ToDict()
-    )
+    ids = results | "NewIds" >> beam.FlatMap(partitioned_ids, ID_PARTITIONS)
+    if finished:  # units an earlier run committed: their copies win over new ones
+        old_ids = (
+            p
+            | "FinishedUnits" >> beam.Create(finished)
+            | "SpreadFinished" >> beam.Reshuffle()
+            | "CommittedIds" >> beam.FlatMap(lambda unit: partitioned_committed_ids(output, unit, ID_PARTITIONS))
+        )
+        ids = (ids, old_ids) | "AllIds" >> beam.Flatten()
+    # Duplicates are rare, so the losers ((unit, seq) to drop) fit in one side input.
+    losers = ids | "ByPartition" >> beam.GroupByKey() | "Losers" >> beam.FlatMap(losers_of_partition)
     _ = results | "Write" >> beam.ParDo(
-        WriteUnit(output, max_rows, max_bytes), losers=beam.pvalue.AsSingleton(losers)
+        WriteUnit(output, max_rows, max_bytes), losers=beam.pvalue.AsMultiMap(losers)
     )
 
 

@@ -25,8 +25,10 @@ same positions.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import os
+import threading
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -211,6 +213,35 @@ def _episodes(pairs: Iterable[tuple[str, Any]], key_of: Callable[[Any], Any]) ->
         )
 
 
+_pause_lock = threading.Lock()
+_pause_depth = 0
+_resume_collector = False
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (thread-safe, nestable).
+
+    A run of records allocates hundreds of thousands of dicts and tuples that live until the
+    run's batch is built; the collector would scan them again at every generation threshold
+    (measured: 17% of the conversion path's time). Converted records hold no reference cycles,
+    and anything cyclic made meanwhile is collected once the block ends.
+    """
+    global _pause_depth, _resume_collector
+    with _pause_lock:
+        if _pause_depth == 0:
+            _resume_collector = gc.isenabled()
+            gc.disable()
+        _pause_depth += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pause_depth -= 1
+            if _pause_depth == 0 and _resume_collector:
+                gc.enable()
+
+
 def convert_to_batches(
     chunk: Chunk, info: ConverterInfo, batch_rows: int, read: Counter[str] | None = None
 ) -> Iterator[tuple[pa.RecordBatch, list[str], list[dict[str, Any]], Counter[str]]]:
@@ -227,12 +258,16 @@ def convert_to_batches(
     done = 0
     while True:
         builder = BatchBuilder()
-        ids, bad, counts = _convert(itertools.islice(records, batch_rows), info, builder.add, builder.add_row)
+        batch: pa.RecordBatch | None = None
+        # The run's rows are built and released into Arrow with the collector paused, so it
+        # never scans them (`finish` drops them before the collector is back).
+        with collector_paused():
+            ids, bad, counts = _convert(itertools.islice(records, batch_rows), info, builder.add, builder.add_row)
+            with contextlib.suppress(*_ARROW_ERRORS):
+                batch = builder.finish()
         if not counts["in"]:
             return
-        try:
-            batch = builder.finish()
-        except _ARROW_ERRORS:
+        if batch is None:
             again = itertools.islice(chunk_records(chunk, info), done, done + counts["in"])
             rows, ids, bad, counts = convert_records(again, info.fn)
             batch, ids = _to_batch(rows, ids, bad, counts)
@@ -328,22 +363,40 @@ def prune_staged(spill_dir: Path, finished: Iterable[str]) -> dict[str, ChunkRes
     return results
 
 
-def positions(result: ChunkResult) -> Iterator[tuple[str, Position]]:
-    """(id, position) for every trajectory of a chunk: the input of the duplicate decision."""
-    input_index, chunk_index = result.order
+# What the duplicate decision moves: one element per chunk and id partition, the chunk's place
+# once and its ids with their positions in it, instead of a position tuple per id (the shuffle
+# encodes ~5x fewer objects). `seqs` is None for a unit an earlier run committed.
+IdGroup = tuple[int, int, str, list[str], list[int] | None]  # (input index, chunk index, unit, ids, seqs)
+
+
+def partitioned_ids(result: ChunkResult, partitions: int) -> Iterator[tuple[int, IdGroup]]:
+    """(partition, the chunk's ids in it with their positions). The partition is a stable hash of the id."""
+    parts: dict[int, tuple[list[str], list[int]]] = {}
     for seq, id_ in enumerate(result.ids):
-        yield id_, (input_index, chunk_index, seq, result.unit)
+        ids, seqs = parts.setdefault(_partition(id_, partitions), ([], []))
+        ids.append(id_)
+        seqs.append(seq)
+    input_index, chunk_index = result.order
+    for part, (ids, seqs) in parts.items():
+        yield part, (input_index, chunk_index, result.unit, ids, seqs)
 
 
-def committed_ids(dataset_path: str, unit: str) -> Iterator[tuple[str, Position]]:
-    """(id, COMMITTED) for every trajectory of a unit finished by an earlier run."""
+def partitioned_committed_ids(dataset_path: str, unit: str, partitions: int) -> Iterator[tuple[int, IdGroup]]:
+    """(partition, the ids in it) of a unit finished by an earlier run."""
     import pyarrow.parquet as pq
 
     ds = Dataset(Path(dataset_path))
     entry = ds.finished_units().get(unit, {})
+    parts: dict[int, list[str]] = {}
     for shard in entry.get("tables", {}).get("trajectories", []):
         for id_ in pq.read_table(ds.path / shard["file"], columns=["id"]).column(0).to_pylist():
-            yield id_, COMMITTED
+            parts.setdefault(_partition(id_, partitions), []).append(id_)
+    for part, ids in parts.items():
+        yield part, (COMMITTED[0], COMMITTED[1], COMMITTED[3], ids, None)
+
+
+def _partition(id_: str, partitions: int) -> int:
+    return zlib.crc32(id_.encode("utf-8", "surrogatepass")) % partitions
 
 
 def pick_losers(item: tuple[str, Iterable[Position]]) -> Iterator[tuple[str, int]]:
@@ -355,24 +408,26 @@ def pick_losers(item: tuple[str, Iterable[Position]]) -> Iterator[tuple[str, int
             yield unit, seq
 
 
-def partitioned(found: Iterable[tuple[str, Position]], partitions: int) -> Iterator[tuple[int, list[tuple[str, Position]]]]:
-    """(partition, its (id, position) pairs): the duplicate decision moves one element per
-    partition and chunk instead of one per record. The partition is a stable hash of the id."""
-    parts: dict[int, list[tuple[str, Position]]] = {}
-    for id_, position in found:
-        parts.setdefault(zlib.crc32(id_.encode("utf-8", "surrogatepass")) % partitions, []).append((id_, position))
-    yield from parts.items()
-
-
-def losers_of_partition(item: tuple[int, Iterable[list[tuple[str, Position]]]]) -> Iterator[tuple[str, int]]:
+def losers_of_partition(item: tuple[int, Iterable[IdGroup]]) -> Iterator[tuple[str, int]]:
     """`pick_losers` for every id of one partition that occurs more than once."""
-    by_id: dict[str, list[Position]] = {}
-    for pairs in item[1]:
-        for id_, position in pairs:
-            by_id.setdefault(id_, []).append(position)
-    for id_, found in by_id.items():
-        if len(found) > 1:
-            yield from pick_losers((id_, found))
+    groups = list(item[1])
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for group in groups:
+        for id_ in group[3]:
+            if id_ in seen:
+                repeated.add(id_)
+            else:
+                seen.add(id_)
+    if not repeated:  # the common case: no position is built at all
+        return
+    found: dict[str, list[Position]] = {id_: [] for id_ in repeated}
+    for input_index, chunk_index, unit, ids, seqs in groups:
+        for i, id_ in enumerate(ids):
+            if id_ in found:
+                found[id_].append((input_index, chunk_index, seqs[i] if seqs is not None else COMMITTED[2], unit))
+    for id_, where in found.items():
+        yield from pick_losers((id_, where))
 
 
 def write_unit(

@@ -265,3 +265,21 @@ def test_killed_run_with_worker_processes_leaves_no_worker_behind_and_resumes(tm
     got, n = _records(output)
     assert n == len(expected) and got == expected
     assert not _leftovers(output) and not list(output.glob(".tmp-*"))
+
+
+def test_duplicate_decision_keeps_the_committed_copy_else_the_first_in_input_order():
+    """Within a chunk, across chunks and inputs, and against a unit an earlier run committed."""
+    from pipelines.convert_work import COMMITTED, ChunkResult, losers_of_partition, partitioned_ids
+
+    later = ChunkResult("u-1-0", (1, 0), ids=["a", "b", "a", "c", "old"])
+    first = ChunkResult("u-0-3", (0, 3), ids=["b", "d", "d"])
+    committed = (COMMITTED[0], COMMITTED[1], COMMITTED[3], ["old"], None)
+    groups: dict[int, list] = {}
+    for result in (later, first):
+        for part, group in partitioned_ids(result, 4):
+            groups.setdefault(part, []).append(group)
+    groups.setdefault(next(p for p, g in partitioned_ids(ChunkResult("x", (0, 0), ids=["old"]), 4)), []).append(committed)
+    assert sum(len(g[3]) for gs in groups.values() for g in gs) == 9
+    losers = sorted(loser for item in groups.items() for loser in losers_of_partition(item))
+    # "a": 2nd copy in the same chunk; "b": the later input's copy; "d": 2nd copy; "old": committed wins.
+    assert losers == [("u-0-3", 2), ("u-1-0", 1), ("u-1-0", 2), ("u-1-0", 4)]
