@@ -404,6 +404,11 @@ def refused(action: Action, reason: str) -> StepResult:
     return StepResult(error_observation(reason, **ids), info={"error": reason})
 
 
+def unsupported(action: Action, instead: str = "call a tool or send a message") -> StepResult:
+    """The refusal of an action kind the environment does not take, saying what to do `instead`."""
+    return refused(action, f"{action_kind(action)} actions are not supported here; {instead}")
+
+
 def action_kind(action: object) -> str:
     """A short label for an action, for error messages about unsupported kinds."""
     if isinstance(action, ApiAction):

@@ -35,7 +35,7 @@ from urllib.parse import urljoin, urlsplit
 
 from playwright.async_api import Error as PlaywrightError
 
-from envs.base import Environment, EnvError, Evaluation, StepResult, Task, UserSimulator, action_kind, refused
+from envs.base import Environment, EnvError, Evaluation, StepResult, Task, UserSimulator, refused, unsupported
 from envs.browser import miniwob, sites
 from envs.browser.actions import FINAL_ANSWER, NAVIGATIONS, TOOL_SPECS, ActionFailed, describe_failure
 from envs.browser.chromium import SharedBrowser, close_idle_browsers, find_chromium, shared_browser
@@ -234,8 +234,7 @@ class BrowserEnv(Environment):
         if isinstance(action, MessageAction):
             return self._finish(action.content, None)
         if not isinstance(action, ApiAction):
-            return refused(action, f"{action_kind(action)} actions are not supported here; use the browser tools "
-                                   "or send a message")
+            return unsupported(action, "use the browser tools or send a message")
         reason = validate_call(TOOL_SPECS, action.function, action.arguments)
         if reason is not None:
             return refused(action, reason)

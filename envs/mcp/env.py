@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from backends.base import LLM
 from backends.config import LLMConfig
-from envs.base import EnvError, Environment, Evaluation, StepResult, Task, UserSimulator, action_kind, refused
+from envs.base import EnvError, Environment, Evaluation, StepResult, Task, UserSimulator, refused, unsupported
 from envs.criteria import CallRecord, evaluate_criteria, has_criteria, reference_actions
 from envs.judge import judge_outcome
 from envs.mcp.config import ConfigError, MCPConfig, ToolCallConfig, at_path, bind, load_policy
@@ -223,7 +223,7 @@ class MCPEnv(Environment):
             return StepResult(TextObservation(content="The answer was submitted.", source="environment"), done=True,
                               info={"answer": action.content})
         if not isinstance(action, ApiAction):
-            return refused(action, f"{action_kind(action)} actions are not supported here; call a tool or send a message")
+            return unsupported(action)
         problem = call_problem(self._tools, action.function, action.arguments)
         if problem is not None:
             return refused(action, problem)

@@ -6,7 +6,7 @@ import json
 from functools import lru_cache
 from typing import Any, Sequence
 
-from envs.base import Environment, Evaluation, StepResult, Task, UserSimulator, action_kind, refused, said_to_user
+from envs.base import Environment, Evaluation, StepResult, Task, UserSimulator, refused, unsupported, said_to_user
 from envs.retail.db import GOAL_TABLES, DBSnapshot, RetailDB, initial_snapshot
 from envs.retail.memo import MEMO, CallOutcome
 from envs.retail.tasks import generate_tasks, goal_hash
@@ -50,7 +50,7 @@ class RetailEnv(Environment):
         if isinstance(action, MessageAction):  # no user to answer: the message is the agent's final answer
             return StepResult(TextObservation(content="The conversation has ended.", source="environment"), done=True)
         if not isinstance(action, ApiAction):
-            return refused(action, f"{action_kind(action)} actions are not supported here; call a tool or send a message")
+            return unsupported(action)
         ids = {"name": action.function, "tool_call_id": action.tool_call_id}
         key = MEMO.key(action.function, action.arguments, self.db.tokens())
         outcome = MEMO.get(key) if key is not None else None

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 
 from backends.base import LLM
 from backends.config import LLMConfig
-from envs.base import USER_STOP, Environment, Evaluation, StepResult, Task, UserReply, UserSimulator, action_kind, refused
+from envs.base import USER_STOP, Environment, Evaluation, StepResult, Task, UserReply, UserSimulator, refused, unsupported
 from envs.pages import describe_action, page_elements, page_title
 from envs.simulated import prompts as P
 from envs.simulated.real_states import load_real_states
@@ -264,7 +264,7 @@ class SimulatedEnv(Environment):
             # Without a user (web mode), a message is the agent's final answer (WebArena's `stop`).
             return StepResult(TextObservation(content="The answer was submitted.", source="environment"),
                               done=True, info={"answer": action.content})
-        return refused(action, f"{action_kind(action)} actions are not supported here; call a tool or send a message")
+        return unsupported(action)
 
     def step_prompt(self, task: Task, history: Sequence[Step], action: Step, what: str) -> str:
         return P.TOOL_USER.format(task=P.task_block(task), history=self._history_text(history),

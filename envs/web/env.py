@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 from urllib.parse import urljoin
 
-from envs.base import Environment, Evaluation, StepResult, Task, action_kind, refused
+from envs.base import Environment, Evaluation, StepResult, Task, refused, unsupported
 from envs.toolspec import ToolSpec, obj, validate_call
 from envs.web.catalog import generate_catalog
 from envs.web.site import ORIGIN, ActionError, BrowserState, Site
@@ -80,8 +80,7 @@ class WebShopEnv(Environment):
             self.answer = action.content
             return StepResult(TextObservation(content="Episode finished.", source="environment"), done=True)
         if not isinstance(action, ApiAction):
-            return refused(action, f"{action_kind(action)} actions are not supported here; use the browser tools "
-                                   "or send a message")
+            return unsupported(action, "use the browser tools or send a message")
         reason = validate_call(TOOL_SPECS, action.function, action.arguments)
         if reason is not None:
             return refused(action, reason)
