@@ -5,7 +5,9 @@ Work is written in *units* (an input chunk, a batch of tasks). A unit's shards a
 written under hidden temp names, renamed when the unit completes, and only then
 recorded in the manifest, in one locked atomic update. Readers see only shards the
 manifest lists, so a killed writer leaves nothing partial visible, and a re-run
-skips finished units and rewrites unfinished ones from scratch.
+skips finished units and rewrites unfinished ones from scratch. A commit journals its shard
+names before the renames, so shards of a writer killed between renames and manifest update are
+removed by the next run's `recover`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ TABLES = tuple(TABLE_SCHEMAS)
 FORMAT = "trajforge-dataset"
 TEMP_PREFIX = ".tmp-"
 LOCK_FILE = ".manifest.lock"
+# A unit's commit journal: the shard names about to appear, until the manifest lists them.
+JOURNAL_PREFIX = ".commit-"
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 # Rows buffered before they become one Parquet row group.
@@ -289,18 +293,23 @@ class Dataset:
                         with contextlib.suppress(FileNotFoundError):
                             (self.path / entry["tmp"]).unlink()
                 return
+            # A writer killed between the renames and the manifest update would leave shards no
+            # manifest lists, under names a re-run need not reuse (generation units are named at
+            # random): the journal names them for `recover` to remove.
+            journal = self.path / f"{JOURNAL_PREFIX}{uuid.uuid4().hex}.json"
+            files = [entry["file"] for entries in shards.values() for entry in entries]
+            _atomic_write(journal, orjson.dumps({"unit": name, "files": files}))
             for entries in shards.values():
                 for entry in entries:
                     os.replace(self.path / entry.pop("tmp"), self.path / entry["file"])
             manifest["units"][name] = {"tables": shards, "counts": counts, "meta": meta, "finished_at": _now()}
             self._write_manifest(manifest)
+            journal.unlink()
 
     def recover(self) -> list[Path]:
-        """Remove leftovers of killed writers: files trajforge names as temporary, and only those.
-
-        A shard renamed into place by a writer killed before its manifest update stays (unlisted,
-        so never read; a re-run of its unit writes the same name again): a file under a name
-        trajforge does not mark temporary may be someone's own.
+        """Remove leftovers of killed writers: files trajforge names as temporary, and the shards a
+        writer killed between renaming them into place and listing them had journaled (never any
+        file the manifest lists or outside the table folders; no other file: it may be someone's own).
         """
         removed = []
         for table in TABLES:
@@ -315,6 +324,32 @@ class Dataset:
         for file in self.path.glob(f"{TEMP_PREFIX}{MANIFEST}.*"):
             file.unlink()
             removed.append(file)
+        removed += self._undo_cut_commits()
+        return removed
+
+    def _undo_cut_commits(self) -> list[Path]:
+        """Shards a writer renamed into place but was killed before listing: its journal names them."""
+        removed: list[Path] = []
+        if not any(self.path.glob(f"{JOURNAL_PREFIX}*.json")):
+            return removed
+        with self._locked():
+            journals = list(self.path.glob(f"{JOURNAL_PREFIX}*.json"))
+            units = self._read_manifest()["units"]
+            listed = {e["file"] for unit in units.values() for es in unit["tables"].values() for e in es}
+            for journal in journals:
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    entry = orjson.loads(journal.read_bytes())
+                    if entry["unit"] not in units:
+                        for name in entry["files"]:
+                            # Whatever a journal says: only an unlisted shard file in a table folder.
+                            if type(name) is not str or name in listed or _shard_path_problem(name) is not None:
+                                continue
+                            file = self.path / name
+                            if not file.parent.is_symlink() and file.is_file() and not file.is_symlink():
+                                file.unlink()
+                                removed.append(file)
+                with contextlib.suppress(FileNotFoundError):
+                    journal.unlink()
         return removed
 
     def _remove_listed_shards(self) -> None:

@@ -139,6 +139,38 @@ def test_recover_removes_only_files_trajforge_names_temporary(tmp_path):
     assert orphan.exists() and ds.count() == 1 and (ds.path / "_manifest.json").exists()
 
 
+def test_a_commit_cut_after_its_renames_is_undone_by_recover(tmp_path, monkeypatch):
+    """Killed between renaming a unit's shards into place and listing them: the next run's
+    `recover` removes exactly those shards (by the commit's journal), never a listed one."""
+    ds = Dataset.create(tmp_path / "ds")
+    with ds.unit("kept") as unit:
+        unit.write("trajectories", tool_trajectory(0))
+    kept = ds.shard_files()[0]
+
+    def killed(_self, _manifest):
+        raise KeyboardInterrupt  # stands in for SIGKILL: nothing after this line runs
+
+    monkeypatch.setattr(Dataset, "_write_manifest", killed)
+    with pytest.raises(KeyboardInterrupt), ds.unit("rollout-3f2a9c") as unit:
+        unit.write_many("trajectories", [tool_trajectory(i) for i in range(1, 4)])
+    monkeypatch.undo()
+    cut = ds.path / "trajectories" / "rollout-3f2a9c-00000.parquet"
+    assert cut.is_file() and ds.count() == 1  # renamed into place, not listed, never read
+    # A journal naming a listed shard (forged, or stale) removes nothing that is listed.
+    (ds.path / ".commit-forged.json").write_bytes(json.dumps(
+        {"unit": "nope", "files": [f"trajectories/{kept.name}", "../outside.parquet"]}).encode())
+    (tmp_path / "outside.parquet").write_bytes(b"not ours")
+
+    removed = ds.recover()
+    assert removed == [cut]
+    assert kept.is_file() and (tmp_path / "outside.parquet").exists()
+    assert not list(ds.path.glob(".commit-*")) and ds.count() == 1
+    with ds.unit("rollout-77b0e1") as unit:  # the re-run's unit, under another random name
+        unit.write_many("trajectories", [tool_trajectory(i) for i in range(1, 4)])
+    assert ds.count() == 4 and sorted(p.name for p in (ds.path / "trajectories").iterdir()) == sorted(
+        f.name for f in ds.shard_files())
+
+
 def test_config_hash_mismatch_is_refused_unless_overwrite(tmp_path):
     ds = Dataset.create(tmp_path / "ds", config_hash="a")
     with ds.unit("u0") as unit:
