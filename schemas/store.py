@@ -320,10 +320,12 @@ class Dataset:
                 if file.name.startswith(TEMP_PREFIX) and file.is_file():
                     file.unlink()
                     removed.append(file)
-        # A writer killed while replacing the manifest leaves its temp copy beside it.
-        for file in self.path.glob(f"{TEMP_PREFIX}{MANIFEST}.*"):
-            file.unlink()
-            removed.append(file)
+        # A writer killed while replacing the manifest or writing a commit journal leaves its
+        # temp copy beside it (a journal cut short was written before any rename: nothing to undo).
+        for pattern in (f"{TEMP_PREFIX}{MANIFEST}.*", f"{TEMP_PREFIX}{JOURNAL_PREFIX}*"):
+            for file in self.path.glob(pattern):
+                file.unlink()
+                removed.append(file)
         removed += self._undo_cut_commits()
         return removed
 

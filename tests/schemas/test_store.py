@@ -160,9 +160,11 @@ def test_a_commit_cut_after_its_renames_is_undone_by_recover(tmp_path, monkeypat
     (ds.path / ".commit-forged.json").write_bytes(json.dumps(
         {"unit": "nope", "files": [f"trajectories/{kept.name}", "../outside.parquet"]}).encode())
     (tmp_path / "outside.parquet").write_bytes(b"not ours")
+    cut_journal = ds.path / ".tmp-.commit-0a1b.json.2c3d"  # a writer killed while writing its journal
+    cut_journal.write_bytes(b'{"unit": "x", "fi')
 
     removed = ds.recover()
-    assert removed == [cut]
+    assert removed == [cut_journal, cut]
     assert kept.is_file() and (tmp_path / "outside.parquet").exists()
     assert not list(ds.path.glob(".commit-*")) and ds.count() == 1
     with ds.unit("rollout-77b0e1") as unit:  # the re-run's unit, under another random name
