@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 RESULTS_DIR = Path(__file__).with_name("results")
 VENVS_DIR = Path(__file__).with_name(".venvs")
@@ -105,3 +108,22 @@ def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0))
+
+
+def main_over_records(name: str, title: str, run: Callable[[int, Path], list[dict[str, Any]]],
+                      argv: list[str] | None, description: str, default_records: int = 1_000_000
+                      ) -> list[dict[str, Any]]:
+    """A benchmark whose only option is `--records`: `run(records, workdir)` in a temp dir removed
+    afterwards, then the table and `results/NAME.json`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--records", type=int, default=default_records)
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix=f"trajforge-bench-{name}-"))
+    try:
+        rows = run(args.records, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_rows(f"{title} ({args.records:,} trajectories)", rows)
+    path = write_results(name, rows, records=args.records)
+    print(f"results: {path}")
+    return rows

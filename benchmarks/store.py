@@ -10,16 +10,13 @@ store, not the synthetic data generator.
 
 from __future__ import annotations
 
-import argparse
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow.parquet as pq
 
-from benchmarks._common import Timer, peak_rss_mb, print_rows, row, write_results
+from benchmarks._common import Timer, main_over_records, peak_rss_mb, row
 from schemas.arrow import step_to_row
 from schemas.models import ApiAction, CodeAction, MessageAction, TextObservation
 from schemas.store import Dataset
@@ -107,18 +104,7 @@ def run(records: int, workdir: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="trajforge-bench-store-"))
-    try:
-        rows = run(args.records, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print_rows(f"store benchmark ({args.records} trajectories)", rows)
-    path = write_results("store", rows, records=args.records)
-    print(f"results: {path}")
-    return rows
+    return main_over_records("store", "store benchmark", run, argv, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -14,12 +14,9 @@ Builds N synthetic trajectories (a user task, then 5-30 steps from a pool; 1M by
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -27,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from benchmarks._common import Timer, print_rows, row, write_results
+from benchmarks._common import Timer, main_over_records, row
 from benchmarks.export import build
 from schemas.store import Dataset
 
@@ -130,18 +127,7 @@ def run(records: int, workdir: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="trajforge-bench-viewer-"))
-    try:
-        rows = run(args.records, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print_rows(f"viewer benchmark ({args.records:,} trajectories)", rows)
-    path = write_results("viewer", rows, records=args.records)
-    print(f"results: {path}")
-    return rows
+    return main_over_records("viewer", "viewer benchmark", run, argv, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
