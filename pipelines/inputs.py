@@ -347,7 +347,10 @@ def _line_offsets(path: str, every: int) -> tuple[list[int], int]:
         wanted = np.arange(every - 1, int(before[-1]), every)
         holders = np.searchsorted(before, wanted, side="right") - 1
         need = np.unique(holders).tolist()
-        found = pool.map(lambda b: scan.ends(starts[b], wanted[holders == b] - before[b]), need)
+        # `holders` is sorted: each block's wanted newlines are one slice of `wanted`.
+        cuts = np.searchsorted(holders, need + [len(starts)])
+        found = pool.map(lambda i: scan.ends(starts[need[i]], wanted[cuts[i]:cuts[i + 1]] - before[need[i]]),
+                         range(len(need)))
         last = os.pread(fh.fileno(), 1, size - 1)
         offsets = [0] + [int(end) + 1 for ends in found for end in ends]
     lines = int(before[-1]) + (last != b"\n")  # a last line without a newline counts
