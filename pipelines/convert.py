@@ -201,7 +201,7 @@ def build_pipeline(
             | "CommittedIds" >> beam.FlatMap(lambda unit: partitioned_committed_ids(output, unit, ID_PARTITIONS))
         )
         ids = (ids, old_ids) | "AllIds" >> beam.Flatten()
-    # Duplicates are rare, so the losers ((unit, seq) to drop) fit in one side input.
+    # Duplicates are rare: the losers ((unit, seq) to drop) are a small side input, looked up by unit.
     losers = ids | "ByPartition" >> beam.GroupByKey() | "Losers" >> beam.FlatMap(losers_of_partition)
     _ = results | "Write" >> beam.ParDo(
         WriteUnit(output, max_rows, max_bytes), losers=beam.pvalue.AsMultiMap(losers)
