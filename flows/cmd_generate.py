@@ -18,7 +18,6 @@ from flows.console import console, err_console, fail, read_config_mapping
 from flows.preflight import check_generate_config
 from flows.progress import RichProgress
 from generators.base import RunSummary
-from generators.registry import all_methods
 from generators.runner import generate as run_generation
 from generators.runner import load_config
 from schemas.store import StoreError
@@ -81,16 +80,6 @@ def failed_everything(summary: RunSummary) -> bool:
     counts = summary.counts
     wrote = sum(counts.get(k, 0) for k in ("trajectories", "pairs", "filtered"))
     return summary.processed > 0 and wrote == 0 and counts.get("quarantine", 0) > 0
-
-
-def methods() -> None:
-    """List the generation methods."""
-    table = Table(title="generation methods")
-    table.add_column("method")
-    table.add_column("what it does")
-    for name, cls in all_methods().items():
-        table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0])
-    console.print(table)
 
 
 def print_summary(summary: RunSummary) -> None:
