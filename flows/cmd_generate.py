@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from backends.stats import endpoint_table
+from envs.base import EnvError
 from envs.sandbox import SandboxUnavailable, sandbox_problem
 from envs.tasks import TaskFileError, TaskSourceConfig
 from flows.config_file import ConfigFileError
@@ -65,6 +66,8 @@ def generate(
             summary = asyncio.run(run_generation(cfg, output, overwrite=overwrite, progress=progress))
     except (StoreError, SandboxUnavailable) as exc:
         fail(str(exc))
+    except EnvError as exc:  # the world could not start (a server that exits, a missing browser): one line
+        fail(f"{config or 'config'}: {exc}")
     except TaskFileError as exc:
         # The tasks file's path came from the config: name both, the path may be the damage.
         fail(f"{exc} (tasks of {config or 'the config'})")

@@ -39,7 +39,8 @@ from backends.config import LLMConfig
 from envs.base import EnvError, Environment, Evaluation, StepResult, Task, UserSimulator, refused, unsupported
 from envs.criteria import CallRecord, evaluate_criteria, has_criteria, reference_actions
 from envs.judge import judge_outcome
-from envs.mcp.config import ConfigError, DigestConfig, MCPConfig, ToolCallConfig, at_path, bind, load_policy
+from envs.mcp.config import (ConfigError, DigestConfig, MCPConfig, ToolCallConfig, at_path, bind, load_policy,
+                             shared_paths)
 from envs.mcp.server import ServerPool, ServerSession, acquire_pool, release_pool
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool
 from schemas.toolcalls import call_problem
@@ -133,6 +134,11 @@ class MCPEnv(Environment):
         self._writes: set[str] = set()
         self.calls: list[CallRecord] = []  # the episode's tool calls, for evaluation
         self.answer: str | None = None  # the agent's final message where there is no user
+
+    @classmethod
+    def shared_paths(cls, env_config: dict[str, Any]) -> list[str]:
+        """Files outside the server's {tmpdir} it is handed (what `envs check` would change); see config.shared_paths."""
+        return shared_paths(MCPConfig.parse({k: v for k, v in env_config.items() if k in MCPConfig.model_fields}))
 
     @staticmethod
     def _make_judge(judge: LLM | dict[str, Any] | None) -> tuple[LLM | None, bool]:
