@@ -66,7 +66,10 @@ def check(
         spec = EnvSpec.model_validate({k: data[k] for k in ("env", "env_config", "tasks", "user") if k in data})
     except ValidationError as exc:
         fail(f"{config}: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()))
-    shared = _shared_state(spec)
+    try:
+        shared = _shared_state(spec)
+    except ValueError as exc:  # a setting that cannot work (the environment's own one-line message)
+        fail(f"{config}: {exc}")
     if shared and not allow_shared_state:
         fail(f"{config}: the check would change files outside trajforge's temp directories ({'; '.join(shared)}): "
              "copy them in with env_config.fixtures and point the server at {tmpdir} (docs/environments.md, "
