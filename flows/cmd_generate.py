@@ -72,10 +72,25 @@ def generate(
         # The tasks file's path came from the config: name both, the path may be the damage.
         fail(f"{exc} (tasks of {config or 'the config'})")
     print_summary(summary)
+    for note in nothing_notes(summary):
+        err_console.print(f"[bold yellow]note:[/] {note}", highlight=False)
     if failed_everything(summary):
         top = summary.reasons.most_common(1)
         fail(f"nothing succeeded: all {summary.processed} task(s) run were quarantined"
              + (f" (most often: {top[0][0]}, {top[0][1]}x)" if top else "") + f"; see {output}/quarantine")
+
+
+def nothing_notes(summary: RunSummary) -> list[str]:
+    """Where a method produced nothing, why: its own word for a stage that made nothing (a report value
+    starting with "nothing"), and a run that wrote no trajectory and no pair, with its top reasons."""
+    notes = [f"{summary.method} {key}: {value}" for key, value in summary.report.items()
+             if isinstance(value, str) and value.startswith("nothing")]
+    counts = summary.counts
+    if summary.processed and not counts.get("trajectories", 0) and not counts.get("pairs", 0):
+        why = [f"{reason} ({n}x)" for reason, n in summary.reasons.most_common(3)]
+        notes.append(f"{summary.method} wrote no trajectory from {summary.processed} task(s)"
+                     + (f": {'; '.join(why)}" if why else "") + " (filtered/ and quarantine/ hold what was not kept)")
+    return notes
 
 
 def failed_everything(summary: RunSummary) -> bool:
