@@ -35,6 +35,11 @@ class TaskFileError(ValueError):
     """A tasks file that cannot be used; the message names the file (and line)."""
 
 
+class NoTaskGenerator(TaskFileError, NotImplementedError):
+    """The `env` task source of a world without a generator: a config without `tasks:` (methods that can do
+    without example tasks catch NotImplementedError, the CLI reports a TaskFileError in one line)."""
+
+
 class TaskSourceConfig(BaseModel):
     """The `tasks:` block of a method or env-check config."""
 
@@ -129,7 +134,7 @@ def _from_env(config: TaskSourceConfig, env_name: str, env: Environment | None) 
     try:
         tasks = env.generate_tasks(config.n or 8, seed=config.seed)
     except NotImplementedError as exc:
-        raise TaskFileError(f"{exc}: the config needs a tasks: block, e.g. tasks: {{source: jsonl, path: tasks.jsonl}}"
+        raise NoTaskGenerator(f"{exc}: the config needs a tasks: block, e.g. tasks: {{source: jsonl, path: tasks.jsonl}}"
                             " (docs/environments.md, Task sources)") from None
     yield from tasks
 
