@@ -53,7 +53,10 @@ system-deps:
 demo: $(VENV)/.installed-base
 	$(TRAJFORGE) run configs/pipeline_demo.yaml --output $(OUT)
 
+# The tests run the PyPI reference MCP servers from venvs of their own (mcp-server-sqlite needs the
+# mcp SDK 1.x): made once, cached under ~/.cache/trajforge-tests (tests/server_venvs.py).
 test: $(VENV)/.installed-test
+	$(PY) -m tests.server_venvs
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # All benchmarks, each in its own process; writes benchmarks/results/summary.md.

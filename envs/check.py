@@ -13,7 +13,14 @@ side by side, `concurrency` episodes at a time on shared server sessions. A heal
 repeats itself: the same calls in a fresh episode give the same results either way. A call that
 failed in one pass and not in the other is a *tool error* (state leaking between episodes, a
 flaky server); a call that fails in both is part of the task's own reference (tau2's references
-sometimes probe a wrong email first) and is listed as such, not counted against the environment.
+sometimes probe a wrong email first) as far as the task declares such probes (`goal.probes`, a
+reference action's `probe: true`, or the config's `tasks.probes`); more than that is a broken
+environment (a server pointed at the wrong place fails every call, and its references "pass"
+because failed writes are not required).
+
+Healthy means: there are references, every reference passes, no tool error, no environment error,
+no failing reference call beyond the declared probes, and do-nothing passes no task whose
+reference changes state (a digest or a check that cannot see a change passes anything).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class TaskResult:
     do_nothing: bool | None = None
     do_nothing_reason: str = ""
     do_nothing_unchecked: list[str] = field(default_factory=list)  # criteria the verdict could not check
+    reference_writes: bool | None = None  # a reference call that changes state succeeded (None: unknown)
     env_error: str | None = None
 
 
@@ -68,10 +76,33 @@ class CheckReport:
     seconds_per_step: float
     wall_seconds: float
     results: list[TaskResult] = field(default_factory=list)
+    unexpected_reference_errors: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (failed, probes)
+
+    @property
+    def problems(self) -> list[str]:
+        """Why the environment is not healthy, one line each (empty: healthy)."""
+        out = []
+        if not self.with_reference:
+            out.append("no task has a reference solution (goal.actions): nothing shows the tasks can be solved here")
+        elif self.reference_passed < self.with_reference:
+            out.append(f"{self.with_reference - self.reference_passed} of {self.with_reference} references failed")
+        if self.tool_errors:
+            out.append(f"{len(self.tool_errors)} reference call(s) gave different outcomes alone and side by side "
+                       "(state shared between episodes, or a flaky server)")
+        if self.env_errors:
+            out.append(f"{len(self.env_errors)} task(s) ended with an environment error")
+        for task, (failed, probes) in self.unexpected_reference_errors.items():
+            out.append(f"{task}: {failed} reference call(s) failed in both passes, more than its {probes} declared "
+                       "probe(s) (goal.probes, tasks.probes)")
+        for r in self.results:
+            if r.do_nothing and r.reference_writes:
+                out.append(f"{r.task}: do-nothing passed though the reference changes state (the evaluation does not "
+                           "see the change: a state digest that misses it?)")
+        return out
 
     @property
     def healthy(self) -> bool:
-        return self.reference_passed == self.with_reference and not self.tool_errors and not self.env_errors
+        return not self.problems
 
     @property
     def env_errors(self) -> list[TaskResult]:
@@ -79,7 +110,7 @@ class CheckReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "env": self.env, "tasks": self.tasks, "healthy": self.healthy,
+            "env": self.env, "tasks": self.tasks, "healthy": self.healthy, "problems": self.problems,
             "reference": {"passed": self.reference_passed, "total": self.with_reference,
                           "rate": _rate(self.reference_passed, self.with_reference),
                           "failed": {r.task: r.reference_reason for r in self.results if r.reference is False}},
@@ -92,6 +123,8 @@ class CheckReport:
             "tool_errors": len(self.tool_errors), "tool_error_calls": [asdict(e) for e in self.tool_errors],
             "reference_errors": len(self.reference_errors),
             "reference_error_calls": [asdict(e) for e in self.reference_errors],
+            "unexpected_reference_errors": {t: {"failed": f, "probes": p}
+                                            for t, (f, p) in self.unexpected_reference_errors.items()},
             "env_errors": {r.task: r.env_error for r in self.env_errors},
             "steps": self.steps, "seconds_per_step": round(self.seconds_per_step, 5),
             "wall_seconds": round(self.wall_seconds, 2),
@@ -106,6 +139,7 @@ def _rate(n: int, total: int) -> float | None:
 class _Run:
     errors: dict[int, str] = field(default_factory=dict)  # reference index -> error
     steps: int = 0
+    played: int = 0  # actions played before the episode ended
     seconds: float = 0.0
 
 
@@ -119,6 +153,7 @@ async def _play(env: Environment, task: Task, actions: Sequence[Action], run: _R
         result = await env.step(action)
         run.seconds += time.perf_counter() - started
         run.steps += 1
+        run.played = i + 1
         if result.info.get("error"):
             run.errors[i] = str(result.info["error"])
 
@@ -148,6 +183,10 @@ async def check_env(factory: EnvFactory, tasks: Sequence[Task], *, concurrency: 
             await _play(env, task, reference, run)
             verdict = await env.evaluate()
             result.reference, result.reference_reason = verdict.success, verdict.reason
+            writes = getattr(env, "state_changing_tools", None)
+            if writes is not None:
+                result.reference_writes = any(isinstance(a, ApiAction) and a.function in writes and i not in run.errors
+                                              for i, a in enumerate(reference[:run.played]))
         await _play(env, task, [MessageAction(content=DO_NOTHING)], _Run())
         verdict = await env.evaluate()
         result.do_nothing, result.do_nothing_reason = verdict.success, verdict.reason
@@ -160,15 +199,21 @@ async def check_env(factory: EnvFactory, tasks: Sequence[Task], *, concurrency: 
 
     tool_errors: list[CallError] = []
     reference_errors: list[CallError] = []
+    unexpected: dict[str, tuple[int, int]] = {}
     for task in tasks:
         reference = references.get(task.id)
         if reference is None or task.id not in together:
             continue
         first, second = alone[task.id].errors, together[task.id].errors
+        both_failed = 0
         for i in sorted(set(first) | set(second)):
             tool = reference[i].function if isinstance(reference[i], ApiAction) else reference[i].kind
             error = CallError(task.id, i, tool, second.get(i) or first[i])
             (reference_errors if i in first and i in second else tool_errors).append(error)
+            both_failed += i in first and i in second
+        probes = declared_probes(task)
+        if both_failed > probes:
+            unexpected[task.id] = (both_failed, probes)
     runs = list(alone.values())
     steps = sum(r.steps for r in runs)
     return CheckReport(
@@ -176,7 +221,16 @@ async def check_env(factory: EnvFactory, tasks: Sequence[Task], *, concurrency: 
         reference_passed=sum(1 for r in results.values() if r.reference), do_nothing_passed=sum(
             1 for r in results.values() if r.do_nothing), tool_errors=tool_errors, reference_errors=reference_errors,
         steps=steps, seconds_per_step=sum(r.seconds for r in runs) / steps if steps else 0.0,
-        wall_seconds=time.perf_counter() - started, results=list(results.values()))
+        wall_seconds=time.perf_counter() - started, results=list(results.values()),
+        unexpected_reference_errors=unexpected)
+
+
+def declared_probes(task: Task) -> int:
+    """Reference calls the task expects to fail: `goal.probes`, `metadata.probes` (the config's
+    `tasks.probes`), or reference actions marked `probe: true`, whichever says most."""
+    marked = sum(1 for a in task.goal.get("actions") or [] if isinstance(a, dict) and a.get("probe") is True)
+    counts = [task.goal.get("probes"), task.metadata.get("probes")]
+    return max([marked, *(c for c in counts if isinstance(c, int) and not isinstance(c, bool))])
 
 
 async def _each(factory: EnvFactory, tasks: Sequence[Task], work: Any, workers: int, results: dict[str, TaskResult],
@@ -211,6 +265,8 @@ def summary_rows(report: CheckReport) -> list[tuple[str, str]]:
              str(sum(1 for r in report.results if r.do_nothing and r.do_nothing_unchecked))),
             ("tool errors in reference replays", str(len(report.tool_errors))),
             ("failing calls in the references themselves", str(len(report.reference_errors))),
+            ("  of which beyond the tasks' declared probes",
+             str(sum(f - p for f, p in report.unexpected_reference_errors.values()))),
             ("environment errors", str(len(report.env_errors))),
             ("seconds per step", f"{report.seconds_per_step:.4f}"), ("wall seconds", f"{report.wall_seconds:.1f}")]
 

@@ -61,6 +61,9 @@ def check_env(name: str, config: dict[str, Any]) -> None:
 
 def check_env_config(name: str, cls: Any, config: dict[str, Any]) -> None:
     """Unknown env_config keys are named at once, not as a TypeError deep inside a run."""
+    if "max_steps" in config:
+        raise ValueError("env_config: max_steps is not an environment setting: write max_steps at the top level of "
+                         "the config (agent actions per episode; one setting for the method and its world)")
     params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
@@ -85,6 +88,8 @@ class EnvFactory:
             self.spec = self.spec.model_copy(update={"env_config": simulated_from_mcp(self.spec.env_config)})
         self.llm = llm
         self.output = output
+        # The method's episode length: the world's own step cap never ends an episode before it does.
+        self.max_steps: int | None = getattr(spec, "max_steps", None)
         # The grading model, for worlds that judge episodes (`judge` parameter); None: they use their own.
         self.judge = judge
         self._own: dict[str, LLM] = {}
@@ -118,7 +123,10 @@ class EnvFactory:
         elif judge is None and self.judge is not None and "judge" in inspect.signature(self.cls).parameters:
             config["judge"] = self.judge
         if getattr(self.cls, "writes_files", False) and self.output is not None:
-            config.setdefault("output_dir", str(self.output))  # files the records point to (screenshots)
+            config.setdefault("output_dir", str(self.output))  # files the records point to (screenshots), logs
+        cap = inspect.signature(self.cls).parameters.get("max_steps")
+        if isinstance(self.max_steps, int) and cap is not None and isinstance(cap.default, int):
+            config["max_steps"] = max(cap.default, self.max_steps)
         env = make_env(self.spec.env, **config)
         user = self.spec.user
         if user.kind == "none":

@@ -35,6 +35,11 @@ class TaskFileError(ValueError):
     """A tasks file that cannot be used; the message names the file (and line)."""
 
 
+class NoTaskGenerator(TaskFileError, NotImplementedError):
+    """The `env` task source of a world without a generator: a config without `tasks:` (methods that can do
+    without example tasks catch NotImplementedError, the CLI reports a TaskFileError in one line)."""
+
+
 class TaskSourceConfig(BaseModel):
     """The `tasks:` block of a method or env-check config."""
 
@@ -48,6 +53,9 @@ class TaskSourceConfig(BaseModel):
     split: str | None = Field(None, description="a named split of the source (tau2: train / test)")
     allow_test_split: bool = Field(False, description="allow generating from a benchmark's test split")
     options: dict[str, Any] = Field(default_factory=dict, description="source-specific settings")
+    probes: dict[str, int] = Field(default_factory=dict, description=(
+        "task id -> reference calls expected to fail (a lookup of a wrong email first): `envs check` "
+        "counts failing reference calls beyond these against the environment (tasks may also say goal.probes)"))
 
 
 TaskLoader = Callable[[TaskSourceConfig, str, "Environment | None"], Iterator[Task]]
@@ -78,6 +86,8 @@ def load_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None 
     for task in loader(config, env_name, env):
         if wanted is not None and task.id not in wanted:
             continue
+        if task.id in config.probes:
+            task = task.model_copy(update={"metadata": {**task.metadata, "probes": config.probes[task.id]}})
         tasks.append(task)
         if config.n is not None and len(tasks) >= config.n:
             break
@@ -121,7 +131,12 @@ def read_text(path: str) -> str:
 def _from_env(config: TaskSourceConfig, env_name: str, env: Environment | None) -> Iterator[Task]:
     if env is None:
         raise TaskFileError(f"the env task source needs the {env_name} environment")
-    yield from env.generate_tasks(config.n or 8, seed=config.seed)
+    try:
+        tasks = env.generate_tasks(config.n or 8, seed=config.seed)
+    except NotImplementedError as exc:
+        raise NoTaskGenerator(f"{exc}: the config needs a tasks: block, e.g. tasks: {{source: jsonl, path: tasks.jsonl}}"
+                            " (docs/environments.md, Task sources)") from None
+    yield from tasks
 
 
 @register_task_source("jsonl")

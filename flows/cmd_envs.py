@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from pydantic import ValidationError
-from rich.table import Table
 
-from envs.base import Capabilities, EnvError
-from envs.check import CheckReport, check_env, summary_rows
-from envs.registry import available_envs, env_class
-from envs.spec import EnvFactory, EnvSpec
-from envs.tasks import TaskFileError, load_tasks
-from envs.users import UserConfig
+from envs.base import EnvError
+from envs.tasks import TaskFileError
 from flows.console import console, err_console, fail, read_config_mapping
 from flows.progress import RichProgress
+
+if TYPE_CHECKING:
+    from envs.check import CheckReport
+    from envs.spec import EnvSpec
 
 app = typer.Typer(help="Environments: list them, check one before a run.", no_args_is_help=False,
                   invoke_without_command=True, add_completion=False)
@@ -29,64 +28,103 @@ def envs(ctx: typer.Context) -> None:
     """List the environments and what they offer (restore by snapshot or replay, user, evaluation)."""
     if ctx.invoked_subcommand is not None:
         return
+    from rich.table import Table
+
+    from flows.listing import env_rows
+
     table = Table(title="environments")
     for column in ("environment", "restore", "user", "evaluation"):
         table.add_column(column)
-    for name in available_envs():
-        caps = capabilities(name)
-        table.add_row(name, caps.restore, caps.user, caps.evaluation)
+    for row in env_rows():
+        table.add_row(*row)
     console.print(table)
-
-
-def capabilities(name: str) -> Capabilities:
-    """An environment's capabilities; those that need settings to exist (a server, a tool list) from their class."""
-    cls: Any = env_class(name)
-    try:
-        return cls().capabilities()
-    except (TypeError, ValueError):
-        user = getattr(cls, "default_user", "per config")
-        return Capabilities("snapshot" if cls.can_snapshot else "replay", user, cls.evaluation)
 
 
 @app.command("check")
 def check(
-    config: Annotated[Path, typer.Option("--config", "-c", help="YAML with env, env_config, tasks (and user).")],
+    config: Annotated[Path, typer.Option("--config", "-c", help="YAML with env, env_config, tasks (and user): an env "
+                                                                "config or any generation config.")],
     tasks: Annotated[Optional[int], typer.Option("--tasks", "-n", min=1, help="Check only the first N tasks.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes at once in the second pass.")] = 4,
     with_user: Annotated[bool, typer.Option("--with-user", help="Answer messages with the config's user "
                                                                 "(default: no user).")] = False,
+    allow_shared_state: Annotated[bool, typer.Option(
+        "--allow-shared-state", help="Check even where the server is handed files outside its {tmpdir} (the check "
+                                     "replays writes: they change those files); warns instead of refusing.")] = False,
 ) -> None:
     """Replay each task's reference solution and a do-nothing agent; exit 1 unless the environment is healthy."""
+    import tempfile
+
+    from pydantic import ValidationError
+
+    from envs.spec import EnvSpec
+    from envs.users import UserConfig
+
     data = read_config_mapping(config)
     try:
         spec = EnvSpec.model_validate({k: data[k] for k in ("env", "env_config", "tasks", "user") if k in data})
     except ValidationError as exc:
-        fail(f"{config}: {exc}".replace("\n", "; "))
+        fail(f"{config}: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()))
+    try:
+        shared = _shared_state(spec)
+    except ValueError as exc:  # a setting that cannot work (the environment's own one-line message)
+        fail(f"{config}: {exc}")
+    if shared and not allow_shared_state:
+        fail(f"{config}: the check would change files outside trajforge's temp directories ({'; '.join(shared)}): "
+             "copy them in with env_config.fixtures and point the server at {tmpdir} (docs/environments.md, "
+             "Fixtures), or pass --allow-shared-state", code=2)
+    if shared:
+        err_console.print(f"[bold yellow]warning:[/] the check replays writes on files outside trajforge's temp "
+                          f"directories: {'; '.join(shared)}", highlight=False)
     # Checking trains nothing: every split may be checked.
     task_source = spec.tasks.model_copy(update={"allow_test_split": True, **({"n": tasks} if tasks else {})})
     spec = spec.model_copy(update={"tasks": task_source, "user": spec.user if with_user else UserConfig(kind="none")})
+    # What the world writes (screenshots, server logs) goes to a folder of the check's own: kept when something failed.
+    scratch = Path(tempfile.mkdtemp(prefix="trajforge-envs-check-"))
+    report = None
     try:
-        report = asyncio.run(_run(spec, data.get("llm"), concurrency))
+        report = asyncio.run(_run(spec, data.get("llm"), concurrency, scratch, _max_steps(data)))
     except TaskFileError as exc:
         fail(f"{exc} (tasks of {config})")
     except (EnvError, ValueError, KeyError) as exc:
         fail(f"{config}: {exc}")
+    finally:
+        if report is not None and report.healthy:
+            shutil.rmtree(scratch, ignore_errors=True)
     if as_json:
-        typer.echo(json.dumps(report.as_dict(), indent=2))
+        typer.echo(json.dumps({**report.as_dict(), **({} if report.healthy else {"files": str(scratch)})}, indent=2))
     else:
-        _print(report)
+        _print(report, scratch)
     if not report.healthy:
         raise typer.Exit(1)
 
 
-async def _run(spec: EnvSpec, llm_config: Any, concurrency: int) -> CheckReport:
+def _shared_state(spec: Any) -> list[str]:
+    """Files outside trajforge's temp directories the world is handed (where the environment can tell)."""
+    from envs.registry import env_class
+
+    finder = getattr(env_class(spec.env), "shared_paths", None)
+    return finder(spec.env_config) if finder is not None else []
+
+
+def _max_steps(data: dict[str, Any]) -> int | None:
+    value = data.get("max_steps")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, max_steps: int | None) -> CheckReport:
+    from envs.check import check_env
+    from envs.spec import EnvFactory
+    from envs.tasks import load_tasks
+
     llm = None
     if llm_config is not None and _needs_method_llm(spec):
         from backends.registry import make_llm
 
         llm = make_llm(llm_config)
-    factory = EnvFactory(spec, llm)
+    factory = EnvFactory(spec, llm, output=scratch)
+    factory.max_steps = max_steps
     try:
         task_list = load_tasks(spec.tasks, spec.env, factory.make() if spec.tasks.source == "env" else None)
         if not task_list:
@@ -101,13 +139,19 @@ async def _run(spec: EnvSpec, llm_config: Any, concurrency: int) -> CheckReport:
 
 def _needs_method_llm(spec: EnvSpec) -> bool:
     """Whether a part of the world uses the method's model (the config's `llm`): a user, a judge, a simulator."""
+    from envs.registry import env_class
+
     judge = spec.env_config.get("judge")
     return ((spec.user.kind == "llm" and spec.user.llm is None)
             or (isinstance(judge, dict) and judge.get("llm") is None)
             or (getattr(env_class(spec.env), "needs_llm", False) and spec.env_config.get("llm") is None))
 
 
-def _print(report: CheckReport) -> None:
+def _print(report: CheckReport, scratch: Path) -> None:
+    from rich.table import Table
+
+    from envs.check import summary_rows
+
     table = Table(title=f"envs check {report.env}: {'healthy' if report.healthy else 'NOT healthy'}")
     table.add_column("what")
     table.add_column("value", justify="right")
@@ -123,3 +167,7 @@ def _print(report: CheckReport) -> None:
     passed = [r.task for r in report.results if r.do_nothing]
     if passed:
         console.print(f"do-nothing passed: {', '.join(passed)}", highlight=False)
+    for problem in report.problems:
+        console.print(f"[red]not healthy:[/] {problem}", highlight=False)
+    if not report.healthy:
+        console.print(f"files of the check (server logs, screenshots): {scratch}", highlight=False)

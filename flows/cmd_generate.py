@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from backends.stats import endpoint_table
+from envs.base import EnvError
 from envs.sandbox import SandboxUnavailable, sandbox_problem
 from envs.tasks import TaskFileError, TaskSourceConfig
 from flows.config_file import ConfigFileError
@@ -18,7 +19,6 @@ from flows.console import console, err_console, fail, read_config_mapping
 from flows.preflight import check_generate_config
 from flows.progress import RichProgress
 from generators.base import RunSummary
-from generators.registry import all_methods
 from generators.runner import generate as run_generation
 from generators.runner import load_config
 from schemas.store import StoreError
@@ -66,14 +66,31 @@ def generate(
             summary = asyncio.run(run_generation(cfg, output, overwrite=overwrite, progress=progress))
     except (StoreError, SandboxUnavailable) as exc:
         fail(str(exc))
+    except EnvError as exc:  # the world could not start (a server that exits, a missing browser): one line
+        fail(f"{config or 'config'}: {exc}")
     except TaskFileError as exc:
         # The tasks file's path came from the config: name both, the path may be the damage.
         fail(f"{exc} (tasks of {config or 'the config'})")
     print_summary(summary)
+    for note in nothing_notes(summary):
+        err_console.print(f"[bold yellow]note:[/] {note}", highlight=False)
     if failed_everything(summary):
         top = summary.reasons.most_common(1)
         fail(f"nothing succeeded: all {summary.processed} task(s) run were quarantined"
              + (f" (most often: {top[0][0]}, {top[0][1]}x)" if top else "") + f"; see {output}/quarantine")
+
+
+def nothing_notes(summary: RunSummary) -> list[str]:
+    """Where a method produced nothing, why: its own word for a stage that made nothing (a report value
+    starting with "nothing"), and a run that wrote no trajectory and no pair, with its top reasons."""
+    notes = [f"{summary.method} {key}: {value}" for key, value in summary.report.items()
+             if isinstance(value, str) and value.startswith("nothing")]
+    counts = summary.counts
+    if summary.processed and not counts.get("trajectories", 0) and not counts.get("pairs", 0):
+        why = [f"{reason} ({n}x)" for reason, n in summary.reasons.most_common(3)]
+        notes.append(f"{summary.method} wrote no trajectory from {summary.processed} task(s)"
+                     + (f": {'; '.join(why)}" if why else "") + " (filtered/ and quarantine/ hold what was not kept)")
+    return notes
 
 
 def failed_everything(summary: RunSummary) -> bool:
@@ -81,16 +98,6 @@ def failed_everything(summary: RunSummary) -> bool:
     counts = summary.counts
     wrote = sum(counts.get(k, 0) for k in ("trajectories", "pairs", "filtered"))
     return summary.processed > 0 and wrote == 0 and counts.get("quarantine", 0) > 0
-
-
-def methods() -> None:
-    """List the generation methods."""
-    table = Table(title="generation methods")
-    table.add_column("method")
-    table.add_column("what it does")
-    for name, cls in all_methods().items():
-        table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0])
-    console.print(table)
 
 
 def print_summary(summary: RunSummary) -> None:

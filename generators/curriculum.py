@@ -255,6 +255,12 @@ class Curriculum(EnvMethod):
         for generation in range(1, self.config.generations + 1):
             known = self.load_tracker(output)
             chosen = self.tracker.select([s.id for s in specs], self.config.select)
+            if not chosen:
+                low, high = self.config.band
+                summary.report[f"generation {generation}"] = (
+                    f"nothing evolved: none of the {len(specs)} task(s) of the last round had a mean reward strictly "
+                    f"inside the band ({low:g}, {high:g}): each was solved in every rollout or in none (more rollouts, "
+                    "a wider band, or a model that solves some tasks)")
             specs = [TaskSpec(id=f"{parent}/{direction}", instruction=known[parent].instruction,
                               payload={"parent": parent, "task": known[parent].model_dump(mode="json"),
                                        "direction": direction, "generation": generation,

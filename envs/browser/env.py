@@ -8,6 +8,7 @@
       episode_timeout_s: 900
       max_contexts: 4                       # episodes open at once in this process (one browser, one context each)
       site_dir: path/to/static/site         # or base_url: http://127.0.0.1:8000/ (for relative start URLs)
+      allowed_hosts: [cdn.example]          # beyond the start URL's host and loopback (envs/browser/egress.py)
 
 An episode is one isolated browser context (its own cookies and storage) on the process's shared
 Chromium. Observations are `WebObservation`s: the url, the accessibility tree with element ids
@@ -22,6 +23,11 @@ A page that stops answering (a script that never ends), crashes or cannot be ope
 EnvError: the run quarantines that episode and goes on; the next reset opens a fresh context.
 The world cannot copy itself: a checkpoint is restored by replaying the actions on a fresh
 episode of the same task and seed (element ids come out the same).
+
+Egress: an episode reaches the host of its start URL, loopback, and the hosts `allowed_hosts`
+names; every other request is blocked in the browser (navigations, sub-resources, fetches, web
+sockets, service workers). A `goto` or a navigation an action starts toward a blocked host is an
+`Error:` observation; blocked sub-resources are listed in the step's `info["blocked"]`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from envs.base import Environment, EnvError, Evaluation, StepResult, Task, UserS
 from envs.browser import miniwob, sites
 from envs.browser.actions import FINAL_ANSWER, NAVIGATIONS, TOOL_SPECS, ActionFailed, describe_failure
 from envs.browser.chromium import SharedBrowser, close_idle_browsers, find_chromium, shared_browser
+from envs.browser.egress import Egress
 from envs.browser.page import AFTER_ACTION_JS, WATCH_POPUPS_JS, axtree_text, cap_html, mark_elements
 from envs.browser.server import serve_directory
 from envs.browser.solvers import Solver, find_solver
@@ -55,7 +62,6 @@ PROBE_S = 2.0  # how long a page may take to run `1` before it counts as hung
 SOLVER_ROUNDS = 20
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
 
 class BrowserEnv(Environment):
     """Chromium through Playwright; tasks from MiniWoB++ (`params.miniwob`) or any site (`params.start_url`)."""
@@ -82,6 +88,7 @@ class BrowserEnv(Environment):
         base_url: str | None = None,
         site_dir: str | None = None,
         solvers: Sequence[str] = (),
+        allowed_hosts: Sequence[str] | None = None,
         judge: LLM | None = None,
         max_steps: int = 50,
         user: UserSimulator | None = None,
@@ -120,6 +127,12 @@ class BrowserEnv(Environment):
         self.base_url = base_url
         self.site_dir = site_dir
         self.solver_modules = tuple(solvers)
+        if isinstance(allowed_hosts, str):
+            raise ValueError("env_config.allowed_hosts is a list of hosts, e.g. [shop.example, 10.0.0.0/8]")
+        self.allowed_hosts = tuple(allowed_hosts or ())
+        Egress(self.allowed_hosts)  # a bad entry is named now, not at the first episode
+        self._egress: Egress | None = None
+        self._blocked: list[tuple[str, str, bool]] = []  # (url, why, a navigation of the main frame)
         # The grading model of tasks evaluated by a judge (a method's `judge.llm`); others need none.
         self.judge = judge
         self.answer: str | None = None
@@ -184,8 +197,13 @@ class BrowserEnv(Environment):
         self._deadline = asyncio.get_running_loop().time() + self.episode_timeout_s
         try:
             # Waiting for a free context slot is not the page's time.
-            self._context = await self._shared.new_context(viewport=self.viewport, accept_downloads=False)
+            self._egress, self._blocked = Egress(self.allowed_hosts, [url]), []
+            # Service workers fetch outside the routes below: blocked, so every request passes the egress check.
+            self._context = await self._shared.new_context(viewport=self.viewport, accept_downloads=False,
+                                                           service_workers="block")
             async with asyncio.timeout(self.step_timeout_s):
+                await self._context.route("**/*", self._route)
+                await self._context.route_web_socket("**/*", self._route_socket)
                 self._context.set_default_timeout(self.action_timeout_ms)
                 self._context.set_default_navigation_timeout(self.navigation_timeout_ms)
                 await self._context.add_init_script(WATCH_POPUPS_JS)
@@ -222,6 +240,28 @@ class BrowserEnv(Environment):
             raise EnvError(f"task {task.id}: start_url {start!r} is not an http(s) URL")
         return start
 
+    async def _route(self, route: Any) -> None:
+        """Every request of the episode's pages: on to the network if its host is allowed, else aborted."""
+        request = route.request
+        try:
+            reason = await self._egress.check(request.url) if self._egress is not None else None
+            if reason is None:
+                await route.continue_()
+                return
+            main = request.is_navigation_request() and self._page is not None and request.frame == self._page.main_frame
+            self._blocked.append((request.url, reason, main))
+            await route.abort("blockedbyclient")
+        except Exception:  # noqa: BLE001 - the page or context closed meanwhile: nothing left to route
+            pass
+
+    async def _route_socket(self, socket: Any) -> None:
+        reason = await self._egress.check(socket.url) if self._egress is not None else None
+        if reason is None:
+            socket.connect_to_server()
+        else:
+            self._blocked.append((socket.url, reason, False))
+            await socket.close(code=1008, reason="blocked")
+
     async def _use_page(self, page: Any) -> None:
         self._page = page
         page.on("crash", self._on_crash)
@@ -248,6 +288,12 @@ class BrowserEnv(Environment):
             result.done, result.info["truncated"] = True, True
             return result
         info: dict[str, Any] = {}
+        if action.function == "goto" and self._egress is not None:
+            target = urljoin(self._page.url, str(action.arguments.get("url", "")))
+            reason = await self._egress.check(target) if urlsplit(target).scheme in ("http", "https") else None
+            if reason is not None:  # (other schemes: the goto tool says what it takes)
+                return refused(action, f"cannot open {target}: {reason}")
+        self._blocked.clear()
         try:
             async with asyncio.timeout(self.step_timeout_s):
                 known = list(self._context.pages)
@@ -260,6 +306,11 @@ class BrowserEnv(Environment):
                     await self._check_alive(exc)
                     return refused(action, describe_failure(action.function, action.arguments, exc, timeout_ms))
                 wob = await self._settle(known)
+                navigation = next(((u, why) for u, why, main in self._blocked if main), None)
+                if navigation is not None:
+                    if self._page.url.startswith("chrome-error:"):
+                        await self._page.go_back()  # the blocked navigation left an error page: back to the last page
+                    return refused(action, f"the page tried to open {navigation[0]}: {navigation[1]}")
                 if self.task is not None and miniwob.is_miniwob(self.task):
                     info["miniwob"] = miniwob.state_of(wob) if wob is not None else miniwob.LEFT_THE_PAGE
                 observation = await self._observe()
@@ -267,6 +318,8 @@ class BrowserEnv(Environment):
             raise EnvError(f"the page did not answer within {self.step_timeout_s:g} s after {action.function} "
                            "(it hung or crashed)") from None
         observation.tool_call_id = action.tool_call_id
+        if self._blocked:
+            info["blocked"] = [{"url": u, "reason": why} for u, why, _ in self._blocked]
         return StepResult(observation, done=bool(info.get("miniwob", {}).get("done")), info=info)
 
     def _finish(self, answer: str, tool_call_id: str | None) -> StepResult:
@@ -409,11 +462,9 @@ class BrowserEnv(Environment):
             self._episode = None
         return actions
 
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
 
 def _navigating(exc: BaseException) -> bool:
     text = str(exc)

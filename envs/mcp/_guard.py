@@ -8,7 +8,9 @@ busy or hung one does not, and neither does a helper the server started. This gu
 the two: it runs the server as its child, in the process group the SDK made for it, and ends the
 whole group when the parent dies (Linux: PR_SET_PDEATHSIG; elsewhere: polling the parent pid),
 when it is asked to stop (SIGTERM, which the SDK sends the group on close), or when the server
-exits. It imports only the standard library, so it starts in milliseconds.
+exits. A server that exits on its own gets a last line on its stderr (the run's log of the
+server), `EXIT_MARK` and the status, which trajforge quotes when a start fails. It imports only
+the standard library, so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 1.0
+EXIT_MARK = "[trajforge] the MCP server exited with status "
 
 
 def _others_in_group() -> bool:
@@ -88,13 +91,20 @@ def main(argv: list[str]) -> None:
     try:
         child = subprocess.Popen(argv[2:])
     except OSError as exc:
-        sys.stderr.write(f"cannot start MCP server {argv[2]!r}: {exc}\n")
+        sys.stderr.write(f"cannot start MCP server {argv[2]!r}: {exc}\n{EXIT_MARK}127\n")
+        sys.stderr.flush()
         os._exit(127)
     # The server holds the pipes now; without our copies the client sees EOF as soon as it exits.
     os.close(0)
     os.close(1)
     code = child.wait()
-    _end_group(code if code >= 0 else 128 - code)
+    status = code if code >= 0 else 128 - code
+    try:
+        sys.stderr.write(f"{EXIT_MARK}{status}" + (f" (signal {-code})" if code < 0 else "") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _end_group(status)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@
 
     server: {command: [my-mcp-server], args: [], env: {STATE_DIR: "{tmpdir}"}}     # stdio
     server: {url: "http://127.0.0.1:8000/mcp", headers: {Authorization: "Bearer ${API_TOKEN}"}}
+    server: {command: [mcp-server-sqlite, --db-path, "{tmpdir}/shop.db"], venv: ~/.venvs/sqlite}  # its own venv
+    fixtures: {files: {shop.db: data/shop.db}, reset: process}   # copied into {tmpdir} before the server starts
     include / exclude: [tool names]          # which of the server's tools the agent sees
     hidden_arguments: {state_key: "trajforge/{episode}"}
     reset_tool: {name: reset_state, arguments: {state_key: "trajforge/{episode}"}}
-    state_digest: {name: db_hash, arguments: {...}, result_path: hash}
+    state_digest: {name: db_hash, arguments: {...}, result_path: hash}     # a tool of the server, or
+    state_digest: {command: [git, -C, "{tmpdir}/{episode}/repo", log, --format=%T]}   # a command, or
+    state_digest: {sql: "SELECT * FROM orders ORDER BY id", database: "{tmpdir}/shop.db"}  # a query
     policy: policy.md | pkg://package/policy.md | the text itself
     result_path: message.content             # the observation inside a structured result
     write_tools / read_only_tools: [...]     # which calls change state (also MCP readOnlyHint)
@@ -16,12 +20,20 @@ server session; with only a `reset_tool`, a session serves one episode at a time
 each episode gets a fresh server session (process) of its own, unless the server is declared
 `stateless`.
 
-Placeholders: `{episode}` is the environment's episode key, `{task}` the task id (in hidden
-arguments, reset and digest arguments); `{tmpdir}` in the server's `env`, `args` or `cwd` is a
-private directory made for each server process and removed when it stops (state files of
-different runs and processes never collide, and none are left behind). `${NAME}` in the server's
-`env` and `headers` is read from trajforge's own environment when the server starts, so secrets
-stay out of configs, logs and records.
+Placeholders: `{tmpdir}` is a private directory made for each server process (stdio) and removed
+when it stops (state files of different runs and processes never collide, and none are left
+behind): it expands in the server's `args`, `env` and `cwd`, in hidden arguments, reset and digest
+settings. `{episode}` is the environment's episode key and `{task}` the task id, in hidden
+arguments, reset and digest settings and fixture destinations; in a path (a value holding
+`{tmpdir}`, a fixture destination) `{episode}` is the key made safe for a file name. `${NAME}` in
+the server's `env` and `headers` is read from trajforge's own environment when the server starts,
+so secrets stay out of configs, logs and records.
+
+Fixtures: `fixtures.files` maps a destination inside `{tmpdir}` to a file or directory that is
+copied there (the source is never opened for writing). Destinations without `{episode}` are copied
+when the server process starts (`reset: episode`: again before every episode, for servers that
+serve one episode at a time); destinations with `{episode}` are copied before each episode and
+removed after it.
 """
 
 from __future__ import annotations
@@ -38,6 +50,8 @@ from envs.tasks import TaskFileError, resolve_path
 
 _SECRET = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TMPDIR = "{tmpdir}"
+EPISODE = "{episode}"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 Isolation = Literal["key", "reset", "restart", "none"]
 
 
@@ -54,6 +68,14 @@ class ServerConfig(BaseModel):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    # A server with dependencies of its own (another mcp SDK, say) runs from its own environment:
+    # `venv`'s bin/ is searched first for the command (`python` is its interpreter) and put first on
+    # the server's PATH; `path` adds directories the same way (launchers such as uvx or npx).
+    venv: str | None = None
+    path: list[str] = Field(default_factory=list)
+    # auto: ask `server/discover`, fall back to `initialize` (remembered for the pool's later sessions);
+    # legacy: `initialize` at once (servers on the 1.x SDK).
+    handshake: Literal["auto", "legacy"] = "auto"
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
 
@@ -63,8 +85,14 @@ class ServerConfig(BaseModel):
             raise ValueError("give either command (a stdio server) or url (a streamable HTTP server)")
         if self.command is not None and not self.argv:
             raise ValueError("command is empty")
-        if self.url is not None and (self.args or self.env or self.cwd):
-            raise ValueError("args, env and cwd are for stdio servers (command), not url")
+        if self.url is not None and (self.args or self.env or self.cwd or self.venv or self.path):
+            raise ValueError("args, env, cwd, venv and path are for stdio servers (command), not url")
+        for where, value in (("command/args", " ".join(self.argv)), ("env", json.dumps(self.env)),
+                             ("cwd", self.cwd or "")):
+            for word in (EPISODE, "{task}"):
+                if word in value:
+                    raise ValueError(f"{word} in the server's {where}: a server process serves many episodes; "
+                                     f"put {word} in hidden_arguments, reset or digest settings, or fixture paths")
         return self
 
     @property
@@ -72,12 +100,26 @@ class ServerConfig(BaseModel):
         command = [self.command] if isinstance(self.command, str) else list(self.command or [])
         return command + list(self.args)
 
+    def search_path(self) -> list[str]:
+        """Directories searched first for the command and put first on the server's PATH."""
+        dirs = [os.path.expanduser(d) for d in self.path]
+        if self.venv:
+            venv = os.path.expanduser(self.venv)
+            dirs.insert(0, os.path.join(venv, "Scripts" if os.name == "nt" else "bin"))
+        return dirs
+
     def describe(self) -> str:
         """The server for messages: its URL without credentials, or its command line."""
         if self.url:
             parts = urlsplit(self.url)
             return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         return " ".join(self.argv)
+
+    @property
+    def short_name(self) -> str:
+        """A name for files about the server (its log): the command's base name, or the URL's host."""
+        word = os.path.basename(self.argv[0]) if self.command is not None else urlsplit(self.url or "").hostname
+        return _UNSAFE.sub("_", word or "server")[:60]
 
 
 class ToolCallConfig(BaseModel):
@@ -90,6 +132,68 @@ class ToolCallConfig(BaseModel):
     result_path: str | None = Field(None, description="where the value sits in a structured result")
 
 
+class DigestConfig(BaseModel):
+    """The state digest for the DB criterion, computed outside the agent's tools by one of:
+
+    a tool of the server (`name`, `arguments`, `result_path`); a command run beside the server
+    (`command`, its standard output is the digest); a SQL query over an SQLite file (`sql`,
+    `database`: every row, in order, is the digest; the file is opened read-only).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result_path: str | None = None
+    command: list[str] | None = Field(None, min_length=1)
+    sql: str | None = Field(None, min_length=1)
+    database: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> DigestConfig:
+        kinds = [k for k in ("name", "command", "sql") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give one of name (a tool of the server), command, or sql (with database)")
+        if self.sql is not None and not self.database:
+            raise ValueError("sql needs database (an SQLite file, e.g. \"{tmpdir}/shop.db\")")
+        if self.database is not None and self.sql is None:
+            raise ValueError("database is for sql")
+        if self.name is None and (self.arguments or self.result_path):
+            raise ValueError("arguments and result_path are for a tool digest (name)")
+        return self
+
+    @property
+    def tool(self) -> ToolCallConfig | None:
+        if self.name is None:
+            return None
+        return ToolCallConfig(name=self.name, arguments=self.arguments, result_path=self.result_path)
+
+
+class FixturesConfig(BaseModel):
+    """Files and directories copied into the server's `{tmpdir}` (see the module doc)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: dict[str, str] = Field(min_length=1, description="destination inside {tmpdir} -> source path")
+    reset: Literal["process", "episode"] = "process"
+
+    @field_validator("files")
+    @classmethod
+    def _inside_tmpdir(cls, files: dict[str, str]) -> dict[str, str]:
+        for dest in files:
+            inner = dest.removeprefix(TMPDIR).lstrip("/")
+            parts = inner.replace(EPISODE, "e").split("/")
+            if not inner or os.path.isabs(inner) or ".." in parts or TMPDIR in inner:
+                raise ValueError(f"{dest!r}: a destination is a relative path inside {{tmpdir}} (e.g. shop.db)")
+        return {dest.removeprefix(TMPDIR).lstrip("/"): src for dest, src in files.items()}
+
+    def per_episode(self) -> dict[str, str]:
+        return {d: s for d, s in self.files.items() if EPISODE in d}
+
+    def per_process(self) -> dict[str, str]:
+        return {d: s for d, s in self.files.items() if EPISODE not in d}
+
+
 class MCPConfig(BaseModel):
     """Everything `env_config` may say about an MCP environment."""
 
@@ -100,7 +204,8 @@ class MCPConfig(BaseModel):
     exclude: list[str] = Field(default_factory=list)
     hidden_arguments: dict[str, Any] = Field(default_factory=dict)
     reset_tool: ToolCallConfig | None = None
-    state_digest: ToolCallConfig | None = None
+    state_digest: DigestConfig | None = None
+    fixtures: FixturesConfig | None = None
     policy: str | None = None
     result_path: str | None = None
     write_tools: list[str] | None = None
@@ -118,6 +223,20 @@ class MCPConfig(BaseModel):
         if value is not None and not all(value.split(".")):
             raise ValueError(f"{value!r} is not a dotted path (e.g. message.content)")
         return value
+
+    @model_validator(mode="after")
+    def _placeholders_fit(self) -> MCPConfig:
+        if self.server.url is not None:
+            for key in ("hidden_arguments", "reset_tool", "state_digest"):
+                if TMPDIR in json.dumps(self.model_dump(mode="json")[key]):
+                    raise ValueError(f"{key}: {{tmpdir}} is the directory of a server process trajforge runs "
+                                     "(stdio); an HTTP server has none")
+            if self.fixtures is not None or (self.state_digest is not None and self.state_digest.name is None):
+                raise ValueError("fixtures and command or sql digests are for stdio servers (command), not url")
+        if self.fixtures is not None and self.fixtures.reset == "episode" and self.isolation() in ("key", "none"):
+            raise ValueError("fixtures: reset: episode copies into the server's {tmpdir} before every episode, but "
+                             "episodes share a server session at once here: put {episode} in the destination instead")
+        return self
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> MCPConfig:
@@ -144,20 +263,31 @@ class MCPConfig(BaseModel):
 
     def control_tools(self) -> set[str]:
         """Tools the environment calls itself; never shown to the agent."""
-        return {c.name for c in (self.reset_tool, self.state_digest) if c is not None}
+        digest = self.state_digest.tool if self.state_digest is not None else None
+        return {c.name for c in (self.reset_tool, digest) if c is not None}
 
 
 # ---- placeholders -------------------------------------------------------------------------------
 
 
-def bind(value: Any, *, episode: str, task: str) -> Any:
-    """`value` with `{episode}` and `{task}` filled in every string, however deeply nested."""
+def safe_name(key: str) -> str:
+    """An episode key as one file name: every run of characters outside [A-Za-z0-9._-] becomes `_`."""
+    return _UNSAFE.sub("_", key).strip(".") or "_"
+
+
+def bind(value: Any, *, episode: str, task: str, tmpdir: str | None = None) -> Any:
+    """`value` with `{episode}`, `{task}` and `{tmpdir}` filled in every string, however deeply nested.
+
+    In a string that holds `{tmpdir}` (a path), `{episode}` is the path-safe form of the key.
+    """
     if isinstance(value, str):
-        return value.replace("{episode}", episode).replace("{task}", task)
+        if tmpdir is not None and TMPDIR in value:
+            value = value.replace(TMPDIR, tmpdir).replace(EPISODE, safe_name(episode))
+        return value.replace(EPISODE, episode).replace("{task}", task)
     if isinstance(value, dict):
-        return {k: bind(v, episode=episode, task=task) for k, v in value.items()}
+        return {k: bind(v, episode=episode, task=task, tmpdir=tmpdir) for k, v in value.items()}
     if isinstance(value, list):
-        return [bind(v, episode=episode, task=task) for v in value]
+        return [bind(v, episode=episode, task=task, tmpdir=tmpdir) for v in value]
     return value
 
 
@@ -206,3 +336,51 @@ def load_policy(value: str | None) -> str | None:
     except (TaskFileError, OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"mcp env_config: policy: cannot read {value.strip()} ({reason})") from None
+
+
+# ---- paths a server is given --------------------------------------------------------------------
+
+_CODE_SUFFIXES = (".py", ".pyz", ".js", ".mjs", ".cjs", ".ts", ".sh", ".jar", ".rb", ".pl")
+
+
+def shared_paths(config: MCPConfig) -> list[str]:
+    """Paths outside `{tmpdir}` the server is handed (arguments, env, cwd, hidden, reset and digest tool
+    arguments) that name an existing file or directory, or one it would create: state an episode could
+    change that outlives the run. Programs (executables, scripts) and fixture sources (only copied) are
+    not counted; `{tmpdir}` paths are trajforge's own."""
+    server = config.server
+    values: list[tuple[str, Any]] = [("server.args", server.argv[1:]), ("server.env", list(server.env.values())),
+                                     ("server.cwd", server.cwd), ("hidden_arguments", config.hidden_arguments)]
+    if config.reset_tool is not None:
+        values.append(("reset_tool.arguments", config.reset_tool.arguments))
+    if config.state_digest is not None and config.state_digest.name is not None:
+        values.append(("state_digest.arguments", config.state_digest.arguments))
+    found: list[str] = []
+    for where, value in values:
+        for text in _strings(value):
+            candidate = text.partition("=")[2] if text.startswith("-") and "=" in text else text
+            if _names_a_state_path(candidate):
+                found.append(f"{where}: {candidate}")
+    return found
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _names_a_state_path(text: str) -> bool:
+    if not text or TMPDIR in text or "://" in text or "\n" in text or len(text) > 4096:
+        return False
+    path = os.path.expanduser(text)
+    if os.path.isfile(path):
+        return not (os.access(path, os.X_OK) or path.lower().endswith(_CODE_SUFFIXES))
+    if os.path.exists(path):
+        return True
+    looks_like_path = text.startswith(("/", "./", "../", "~"))
+    return looks_like_path and os.path.isdir(os.path.dirname(os.path.abspath(path)) or ".")

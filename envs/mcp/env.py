@@ -20,10 +20,13 @@ criteria is judged by the configured judge model.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import json
+import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from mcp.shared.exceptions import MCPError
@@ -36,7 +39,8 @@ from backends.config import LLMConfig
 from envs.base import EnvError, Environment, Evaluation, StepResult, Task, UserSimulator, refused, unsupported
 from envs.criteria import CallRecord, evaluate_criteria, has_criteria, reference_actions
 from envs.judge import judge_outcome
-from envs.mcp.config import ConfigError, MCPConfig, ToolCallConfig, at_path, bind, load_policy
+from envs.mcp.config import (ConfigError, DigestConfig, MCPConfig, ToolCallConfig, at_path, bind, load_policy,
+                             shared_paths)
 from envs.mcp.server import ServerPool, ServerSession, acquire_pool, release_pool
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool
 from schemas.toolcalls import call_problem
@@ -50,7 +54,7 @@ def agent_tools(config: MCPConfig, listed: Sequence[MCPTool]) -> list[Tool]:
         if unknown:
             raise ConfigError(f"mcp env_config: {key} names tools the server does not have: {', '.join(unknown)}"
                               f" (it has: {', '.join(sorted(names))})")
-    for control in (config.reset_tool, config.state_digest):
+    for control in (config.reset_tool, config.state_digest.tool if config.state_digest else None):
         if control is not None and control.name not in names:
             raise ConfigError(f"mcp env_config: the server has no tool {control.name!r}")
     hidden = set(config.hidden_arguments)
@@ -83,6 +87,7 @@ class MCPEnv(Environment):
 
     name = "mcp"
     can_snapshot = False
+    writes_files = True  # EnvFactory passes the run's dataset directory: server logs go to <output_dir>/logs
     default_user = "none (user.kind llm: a persona)"
     evaluation = ("task criteria, tau2-style (DB by state digest or reference writes, ACTION, COMMUNICATE, "
                   "NL_ASSERTION by a judge), else a judge")
@@ -105,6 +110,8 @@ class MCPEnv(Environment):
         recycle_after: int | None = None,
         call_timeout_s: float = 60.0,
         start_timeout_s: float = 60.0,
+        fixtures: dict[str, Any] | None = None,
+        output_dir: str | Path | None = None,
         judge: LLM | dict[str, Any] | None = None,
         max_steps: int = 50,
         user: UserSimulator | None = None,
@@ -113,18 +120,25 @@ class MCPEnv(Environment):
             server=server, include=include, exclude=exclude, hidden_arguments=hidden_arguments, reset_tool=reset_tool,
             state_digest=state_digest, policy=policy, result_path=result_path, write_tools=write_tools,
             read_only_tools=read_only_tools, terminal_tools=terminal_tools, stateless=stateless, sessions=sessions,
-            recycle_after=recycle_after, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s).items()
-            if v is not None}
+            recycle_after=recycle_after, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s,
+            fixtures=fixtures).items() if v is not None}
         self.config = MCPConfig.parse(settings)
         super().__init__(max_steps=max_steps, user=user, policy=load_policy(self.config.policy))
         self.judge, self._own_judge = self._make_judge(judge)
+        self.log_dir = Path(output_dir) / "logs" / "mcp" if output_dir is not None else None
         self._pool: ServerPool | None = None
         self._session: ServerSession | None = None
+        self._staged: str | None = None  # the episode whose fixtures lie in the session's {tmpdir}
         self._listed: dict[str, MCPTool] = {}
         self._tools: list[Tool] = []
         self._writes: set[str] = set()
         self.calls: list[CallRecord] = []  # the episode's tool calls, for evaluation
         self.answer: str | None = None  # the agent's final message where there is no user
+
+    @classmethod
+    def shared_paths(cls, env_config: dict[str, Any]) -> list[str]:
+        """Files outside the server's {tmpdir} it is handed (what `envs check` would change); see config.shared_paths."""
+        return shared_paths(MCPConfig.parse({k: v for k, v in env_config.items() if k in MCPConfig.model_fields}))
 
     @staticmethod
     def _make_judge(judge: LLM | dict[str, Any] | None) -> tuple[LLM | None, bool]:
@@ -144,7 +158,7 @@ class MCPEnv(Environment):
     async def start(self) -> None:
         if self._pool is not None:
             return
-        pool = await acquire_pool(self.config)
+        pool = await acquire_pool(self.config, self.log_dir)
         try:
             self._tools = agent_tools(self.config, pool.tools)
         except ConfigError:
@@ -173,6 +187,9 @@ class MCPEnv(Environment):
 
     def _release_session(self) -> None:
         session, self._session = self._session, None
+        staged, self._staged = self._staged, None
+        if session is not None and staged is not None:
+            session.drop_episode(staged)
         if session is not None and self._pool is not None:
             self._pool.release(session)
 
@@ -200,11 +217,15 @@ class MCPEnv(Environment):
         self._session = await self._pool.lease()
         self.calls = []
         self.answer = None
+        self._staged = self.episode_key
         await self._prepare(self.episode_key, task)
         return None
 
     async def _prepare(self, episode: str, task: Task, session: ServerSession | None = None) -> None:
-        """The reset tool, then the task's initial tool calls, on the state of `episode`."""
+        """The episode's fixtures, the reset tool, then the task's initial tool calls, on the state of `episode`."""
+        target = session or self._session
+        if target is not None:
+            await target.stage_episode(episode)
         if self.config.reset_tool is not None:
             await self._control(self.config.reset_tool, episode, task, session)
         for call in task.params.get("initial_actions") or []:
@@ -249,14 +270,15 @@ class MCPEnv(Environment):
         session = session or self._session
         if session is None:
             raise RuntimeError("call reset(task) first")
-        hidden = bind(self.config.hidden_arguments, episode=episode, task=task.id)
+        hidden = bind(self.config.hidden_arguments, episode=episode, task=task.id, tmpdir=session.tmpdir)
         tool = self._listed.get(name)
         extra = {k: v for k, v in hidden.items() if _takes(tool, k)}
         return await session.call(name, {**arguments, **extra}, self.config.call_timeout_s)
 
     async def _control(self, spec: ToolCallConfig, episode: str, task: Task, session: ServerSession | None = None) -> str:
         """Call a tool the environment uses itself (reset, digest); its failure is the world's failure."""
-        arguments = bind(spec.arguments, episode=episode, task=task.id)
+        tmpdir = (session or self._session).tmpdir if (session or self._session) is not None else None
+        arguments = bind(spec.arguments, episode=episode, task=task.id, tmpdir=tmpdir)
         try:
             result = await self._call(spec.name, arguments, episode, task, session)
         except MCPError as exc:
@@ -264,6 +286,22 @@ class MCPEnv(Environment):
         if result.is_error:
             raise EnvError(f"{spec.name} failed: {self._text(result)[:300]}")
         return self._text(result, spec.result_path)
+
+    async def _digest(self, spec: DigestConfig, episode: str, task: Task, session: ServerSession | None = None) -> str:
+        """The state digest of `episode`: the server's tool, or a command or SQL query run here on its files."""
+        if spec.tool is not None:
+            return await self._control(spec.tool, episode, task, session)
+        session = session or self._session
+        assert session is not None
+        fill = lambda v: bind(v, episode=episode, task=task.id, tmpdir=session.tmpdir)  # noqa: E731
+        timeout_s = self.config.call_timeout_s
+        if spec.command is not None:
+            return await run_digest_command(fill(spec.command), session.tmpdir, timeout_s)
+        assert spec.sql is not None and spec.database is not None
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(sql_digest, fill(spec.database), fill(spec.sql)), timeout_s)
+        except asyncio.TimeoutError:
+            raise EnvError(f"state_digest: the query did not finish within {timeout_s:g} s") from None
 
     def _text(self, result: CallToolResult, path: str | None = None) -> str:
         """The observation text: the structured field at `path` (default: result_path), else the text content."""
@@ -294,7 +332,7 @@ class MCPEnv(Environment):
 
             async def by_digest() -> dict[str, Any]:
                 assert self.config.state_digest is not None and reference.digest is not None
-                now = await self._control(self.config.state_digest, self.episode_key, task)
+                now = await self._digest(self.config.state_digest, self.episode_key, task)
                 passed = now == reference.digest
                 return {"passed": passed, "method": "state digest", "digest": now, "reference_digest": reference.digest,
                         "note": "state matches the reference" if passed
@@ -336,13 +374,52 @@ class MCPEnv(Environment):
                     ok.append(False)
             digest = None
             if self.config.state_digest is not None:
-                digest = await self._control(self.config.state_digest, episode, task, session)
+                digest = await self._digest(self.config.state_digest, episode, task, session)
         finally:
+            if session is not None:
+                session.drop_episode(episode)
             if session is not self._session and session is not None:
                 self._pool.release(session)
         if len(_REFERENCE_RUNS) >= MAX_REFERENCE_RUNS:
             _REFERENCE_RUNS.clear()
         return ReferenceRun(tuple(ok), digest)
+
+
+async def run_digest_command(argv: list[str], cwd: str | None, timeout_s: float) -> str:
+    """A digest command's standard output (hashed: records keep 64 characters, not a dump)."""
+    from envs.mcp.server import resolve_command
+
+    try:
+        proc = await asyncio.create_subprocess_exec(resolve_command(argv[0]), *argv[1:], cwd=cwd,
+                                                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise EnvError(f"state_digest: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise EnvError(f"state_digest: {' '.join(argv)} did not finish within {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        last = (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:300]
+        raise EnvError(f"state_digest: {' '.join(argv)} exited with status {proc.returncode}: {last}")
+    return hashlib.sha256(out).hexdigest()
+
+
+def sql_digest(database: str, sql: str) -> str:
+    """Every row the query returns, in order, hashed; the database is opened read-only."""
+    if not Path(database).is_file():
+        raise EnvError(f"state_digest: no database at {database}")
+    try:
+        conn = sqlite3.connect(f"{Path(database).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise EnvError(f"state_digest: the query failed on {database}: {exc}") from None
+    return hashlib.sha256(json.dumps(rows, default=repr).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ _LOCK = threading.Lock()
 
 
 async def _list_tools(config: MCPConfig) -> list[dict[str, Any]]:
-    session = ServerSession(config.server, start_timeout_s=config.start_timeout_s, number=1)
+    session = ServerSession(config.server, start_timeout_s=config.start_timeout_s, number=1, fixtures=config.fixtures)
     await session.start()
     try:
         listed = await session.list_tools()

@@ -21,6 +21,7 @@ class RetailEnv(Environment):
 
     name = "retail"
     can_snapshot = True
+    default_user = "rules"  # what `trajforge envs` lists
     evaluation = "goal state (database after the reference actions) and the outputs told to the user"
 
     def __init__(self, seed: int = 0, max_steps: int = 40, max_user_turns: int = 10,

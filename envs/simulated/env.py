@@ -120,6 +120,7 @@ class SimulatedEnv(Environment):
     name = "simulated"
     can_snapshot = True
     needs_llm = True
+    default_user = "per config"  # what `trajforge envs` lists
     evaluation = "LLM judge over the transcript, under the policy"
 
     @classmethod

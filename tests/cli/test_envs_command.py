@@ -85,3 +85,69 @@ def test_envs_check_names_a_bad_config_in_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["envs", "check", "--config", str(bad)])
     assert result.exit_code == 1
     assert "give either command" in result.output and "Traceback" not in result.output
+
+
+# ---- what a healthy environment must show (the example key-value server) ---------------------------
+
+KV = {"env": "mcp", "env_config": {"server": {"command": ["python", "envs/mcp/kvstore_server.py"]},
+                                   "hidden_arguments": {"state_key": "{episode}"}, "reset_tool": {"name": "reset"},
+                                   "state_digest": {"name": "digest", "result_path": "sha256"}}}
+PUT = {"id": "kv-colour", "instruction": "Remember that my favourite colour is blue.",
+       "goal": {"actions": [{"name": "put", "arguments": {"key": "colour", "value": "blue"}}], "reward_basis": ["DB"]}}
+
+
+def kv_check(tmp_path: Path, tasks: list[dict[str, Any]], **env_config: Any) -> Any:
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    config = {**KV, "env_config": {**KV["env_config"], **env_config},
+              "tasks": {"source": "jsonl", "path": str(tmp_path / "tasks.jsonl")}}
+    (tmp_path / "kv.yaml").write_text(yaml.safe_dump(config))
+    result = runner.invoke(app, ["envs", "check", "--config", str(tmp_path / "kv.yaml"), "--json"])
+    return result.exit_code, json.loads(result.stdout) if result.stdout.startswith("{") else result.output
+
+
+def test_envs_check_is_unhealthy_without_references(tmp_path: Path) -> None:
+    code, report = kv_check(tmp_path, [{"id": "a", "instruction": "Say hi."}, {"id": "b", "instruction": "Bye."}])
+    assert code == 1 and not report["healthy"] and report["reference"]["total"] == 0
+    assert report["problems"][0].startswith("no task has a reference solution")
+
+
+def test_envs_check_counts_failing_reference_calls_beyond_declared_probes(tmp_path: Path) -> None:
+    forget = {"id": "kv-forget", "instruction": "Forget my colour.",
+              "goal": {"actions": [{"name": "delete", "arguments": {"key": "colour"}}], "reward_basis": ["DB"]}}
+    code, report = kv_check(tmp_path, [PUT, forget])  # there is no colour to delete: the reference call fails
+    assert code == 1 and report["unexpected_reference_errors"] == {"kv-forget": {"failed": 1, "probes": 0}}
+    assert report["reference"]["passed"] == 2  # a failed write is not required: only the probe rule catches it
+    code, report = kv_check(tmp_path, [PUT, {**forget, "goal": {**forget["goal"], "probes": 1}}])
+    assert code == 0 and report["healthy"], report
+
+
+def test_envs_check_is_unhealthy_when_doing_nothing_passes_a_task_that_writes(tmp_path: Path) -> None:
+    # A "digest" that cannot see the change: the greeting, which the task leaves alone.
+    code, report = kv_check(tmp_path, [PUT], state_digest={"name": "get", "arguments": {"key": "greeting"}})
+    assert code == 1 and report["do_nothing"]["passed_tasks"] == ["kv-colour"]
+    assert any(p.startswith("kv-colour: do-nothing passed though the reference changes state") for p in report["problems"])
+
+
+def test_envs_check_of_an_mcp_config_without_tasks_says_so_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "kv.yaml").write_text(yaml.safe_dump(KV))
+    result = runner.invoke(app, ["envs", "check", "--config", str(tmp_path / "kv.yaml")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "needs a tasks: block" in " ".join(result.output.split())
+
+
+def test_envs_check_takes_a_generation_config_as_it_is(tmp_path: Path) -> None:
+    """A browser method config records screenshots and sets max_steps: the check runs it as it stands."""
+    config = yaml.safe_load((CONFIG.parents[0] / "browser_miniwob.yaml").read_text())
+    config["env_config"]["observe"] = ["axtree", "html", "screenshot"]
+    config.update(method="rollout", llm={"backend": "llamacpp", "max_tokens": 64}, max_steps=8, agent_mode="tools")
+    config["tasks"]["options"]["tasks"] = ["click-button"]
+    (tmp_path / "method.yaml").write_text(yaml.safe_dump(config))
+    result = runner.invoke(app, ["envs", "check", "--config", str(tmp_path / "method.yaml"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["reference"]["passed"] == 1
+
+
+def test_env_config_max_steps_is_refused_for_the_top_level_one(tmp_path: Path) -> None:
+    (tmp_path / "kv.yaml").write_text(yaml.safe_dump({**KV, "env_config": {**KV["env_config"], "max_steps": 3}}))
+    result = runner.invoke(app, ["envs", "check", "--config", str(tmp_path / "kv.yaml")])
+    assert result.exit_code == 1 and "write max_steps at the top level" in " ".join(result.output.split())
