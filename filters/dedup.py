@@ -87,8 +87,9 @@ def exact_hash(text: str) -> int:
     return xxhash.xxh3_64_intdigest(text.encode())
 
 
-def shingle_hashes(text: str, ngram: int = DEFAULT_NGRAM) -> np.ndarray:
-    """32-bit hashes of the word n-grams of `text` (one shingle for texts shorter than n words)."""
+def shingle_hashes(text: str, ngram: int = DEFAULT_NGRAM, bits: int = 32) -> np.ndarray:
+    """Hashes of the word n-grams of `text` (one shingle for texts shorter than n words): 32-bit for
+    MinHash; 64-bit (`bits=64`) where shingles are looked up in large sets (decontamination)."""
     words = _WORD.findall(text)
     if not words:
         return np.zeros(1, dtype=np.uint64)
@@ -99,6 +100,8 @@ def shingle_hashes(text: str, ngram: int = DEFAULT_NGRAM) -> np.ndarray:
     acc = np.full(m, 0xCBF29CE484222325, dtype=np.uint64)
     for j in range(n):  # FNV-style fold of the n word hashes at each position
         acc = (acc ^ hv[j : j + m]) * _FNV
+    if bits == 64:
+        return acc ^ (acc >> np.uint64(29))
     return (acc ^ (acc >> np.uint64(32))) & _M32
 
 

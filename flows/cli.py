@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from flows import (cmd_agent_r, cmd_convert, cmd_envs, cmd_export, cmd_fake_server, cmd_filter, cmd_generate,
-                   cmd_run, cmd_store, cmd_view)
+from flows import (cmd_agent_r, cmd_convert, cmd_decontam, cmd_envs, cmd_export, cmd_fake_server, cmd_filter,
+                   cmd_generate, cmd_run, cmd_store, cmd_view)
 
 app = typer.Typer(
     name="trajforge",
@@ -27,6 +27,7 @@ app.command("sources")(cmd_convert.sources)
 app.command("filter", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_filter.filter_cmd)
 app.command("dedup", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_filter.dedup_cmd)
 app.command("mix")(cmd_filter.mix_cmd)
+app.command("decontaminate", context_settings=cmd_filter.CONTEXT_SETTINGS)(cmd_decontam.decontaminate_cmd)
 app.command("export")(cmd_export.export)
 app.command("card")(cmd_export.card)
 app.command("demo")(cmd_run.demo)

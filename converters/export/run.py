@@ -66,6 +66,8 @@ class ExportConfig:
     max_length: int | None = None
     overwrite: bool = False
     duckdb_memory_limit: str = pair_join.DEFAULT_MEMORY_LIMIT
+    # What decontamination dropped upstream (the pipeline flow passes it; else the source's manifest has it).
+    decontamination: dict[str, Any] | None = None
 
 
 @dataclass

@@ -1,0 +1,307 @@
+"""Decontamination: does a record overlap a benchmark's test data?
+
+References are test items: the test tasks of a task source that has a test split (tau2's test
+tasks, MiniWoB's test seeds, JSONL tasks marked `metadata.split: test`; `task_references`) and any
+JSONL file of benchmark items (`file_references`: one string or object per line). Each has an
+instruction (the task text) and a text (everything it says: for a tau2 task, the whole user
+scenario).
+
+A record matches a reference, first rule first:
+1. `exact instruction`: its task instruction equals a reference's (lower-cased words);
+2. `similar instruction`: the MinHash estimate of the Jaccard similarity of the two instructions'
+   word 5-grams reaches `threshold` (LSH candidates, then the full signature);
+3. `n-gram`: at least `min_ngrams` word n-grams (13 by default, as in GPT-3's and Llama's
+   decontamination) of its instruction or trajectory text appear in a reference's text.
+
+A record's task instruction is `details["task"]["instruction"]` (generated records), else its
+first user turn (never the system step). Its trajectory text is what the user and the agent said
+and did: user turns, agent messages, thoughts, code and tool-call arguments (the system prompt and
+tool results are shared by unrelated records and left out). MinHash signatures and n-gram hashes
+come from filters/dedup.py (datasketch's permutations; 64-bit n-gram hashes, so a large reference
+set gives no chance matches).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from filters.dedup import (
+    DEFAULT_NUM_PERM,
+    Signer,
+    band_hashes,
+    estimated_jaccard,
+    lsh_params,
+    normalized_words,
+    shingle_hashes,
+)
+
+DEFAULT_NGRAM = 13
+DEFAULT_THRESHOLD = 0.8
+INSTRUCTION_SHINGLE = 5  # word n-grams of instructions for MinHash (short texts: small shingles)
+MAX_REFERENCE_CHARS = 200_000
+# JSONL reference keys that hold an item's task text, in order of preference.
+INSTRUCTION_KEYS = ("instruction", "question", "prompt", "query", "task", "problem", "input", "intent", "goal", "text")
+_STEP_FIELDS = ("kind", "source", "name", "content", "function", "arguments", "thought", "reasoning")
+
+
+class ReferenceError(ValueError):
+    """A reference file that cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One test item: where it is from (`source`: e.g. "tau2 test tasks"), its id, task text and whole text."""
+
+    id: str
+    source: str
+    instruction: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Match:
+    reference: Reference
+    kind: str  # exact instruction | similar instruction | n-gram
+    score: float  # 1.0, the estimated Jaccard, or the share of the record's n-grams found in the reference
+    evidence: str  # the overlapping words
+
+    def reason(self, ngram: int) -> str:
+        what = f"{ngram}-gram overlap" if self.kind == "n-gram" else self.kind
+        return f"{what} with {self.reference.source} {self.reference.id}: {self.evidence!r}"
+
+
+# ---- references ------------------------------------------------------------------------------------
+
+
+def task_references(tasks: Iterable[Any], source: str) -> list[Reference]:
+    """References of test-split tasks (envs.base.Task): the instruction and, for tau2, the user scenario."""
+    from envs.users import scenario_text
+
+    out = []
+    for task in tasks:
+        scenario = scenario_text(task) if isinstance(task.metadata.get("user_scenario"), dict) else ""
+        out.append(Reference(task.id, source, task.instruction, f"{task.instruction}\n{scenario}".strip()))
+    return out
+
+
+def _strings(value: Any, out: list[str], budget: list[int]) -> None:
+    if budget[0] <= 0:
+        return
+    if isinstance(value, str):
+        out.append(value)
+        budget[0] -= len(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _strings(v, out, budget)
+    elif isinstance(value, list):
+        for v in value:
+            _strings(v, out, budget)
+
+
+def file_references(path: str | Path) -> list[Reference]:
+    """A JSONL file of test items: each line a string, or an object whose task text is the first of
+    `INSTRUCTION_KEYS` it has and whose text is every string in it; `id` / `task_id` name it."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReferenceError(f"{path}: cannot read the reference file ({getattr(exc, 'strerror', None) or exc})") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReferenceError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        if isinstance(row, str):
+            instruction, text, ref_id = row, row, f"{path.name}:{n}"
+        elif isinstance(row, dict):
+            instruction = next((row[k] for k in INSTRUCTION_KEYS if isinstance(row.get(k), str)), "")
+            parts: list[str] = []
+            _strings(row, parts, [MAX_REFERENCE_CHARS])
+            text = "\n".join(parts)
+            ref_id = str(row.get("id") or row.get("task_id") or f"{path.name}:{n}")
+        else:
+            raise ReferenceError(f"{path}:{n}: a reference is a string or an object, not {type(row).__name__}")
+        if not normalized_words(text):
+            raise ReferenceError(f"{path}:{n}: the reference has no text")
+        out.append(Reference(ref_id, f"file {path.name}", instruction, text))
+    if not out:
+        raise ReferenceError(f"{path}: no references in the file")
+    return out
+
+
+# ---- the index ---------------------------------------------------------------------------------------
+
+
+class ReferenceIndex:
+    """References as sorted n-gram hashes, exact instructions and MinHash LSH bands, for fast lookups."""
+
+    def __init__(self, references: Sequence[Reference], *, ngram: int = DEFAULT_NGRAM,
+                 threshold: float = DEFAULT_THRESHOLD, num_perm: int = DEFAULT_NUM_PERM, min_ngrams: int = 1) -> None:
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        if ngram < 1 or min_ngrams < 1:
+            raise ValueError("ngram and min_ngrams must be >= 1")
+        self.references = list(references)
+        self.ngram, self.threshold, self.num_perm, self.min_ngrams = ngram, threshold, num_perm, min_ngrams
+        self.signer = Signer(num_perm, INSTRUCTION_SHINGLE)
+        self.params = lsh_params(threshold, num_perm)
+        hashes, owners = [], []
+        for i, ref in enumerate(self.references):
+            text = normalized_words(ref.text)
+            if text:
+                h = np.unique(shingle_hashes(text, ngram, bits=64))
+                hashes.append(h)
+                owners.append(np.full(len(h), i, dtype=np.int64))
+        all_h = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
+        all_o = np.concatenate(owners) if owners else np.empty(0, np.int64)
+        order = np.lexsort((all_o, all_h))
+        all_h, all_o = all_h[order], all_o[order]
+        first = np.r_[True, all_h[1:] != all_h[:-1]] if len(all_h) else np.empty(0, bool)
+        self.hashes, self.owner = all_h[first], all_o[first]
+        self.exact = {}
+        for i, ref in enumerate(self.references):
+            self.exact.setdefault(normalized_words(ref.instruction), i)
+        self.exact.pop("", None)
+        with_instruction = [i for i, r in enumerate(self.references) if normalized_words(r.instruction)]
+        self.sig_owner = np.array(with_instruction, dtype=np.int64)
+        self.sigs = self.signer.sign_many(normalized_words(self.references[i].instruction) for i in with_instruction)
+        bands = band_hashes(self.sigs, self.params) if len(with_instruction) else np.empty((0, self.params.bands), np.uint64)
+        self.band_order = np.argsort(bands, axis=0, kind="stable")
+        self.band_sorted = np.take_along_axis(bands, self.band_order, axis=0)
+
+    def __len__(self) -> int:
+        return len(self.references)
+
+    def match(self, instruction: str, text: str) -> Match | None:
+        """The first rule that matches the record with this instruction and trajectory text, else None."""
+        norm = normalized_words(instruction)
+        if norm and norm in self.exact:
+            return Match(self.references[self.exact[norm]], "exact instruction", 1.0, _cut(norm))
+        if norm and len(self.sigs):
+            hit = self._similar(norm)
+            if hit is not None:
+                return hit
+        words = normalized_words(f"{instruction}\n{text}")
+        if not words or not len(self.hashes):
+            return None
+        grams = shingle_hashes(words, self.ngram, bits=64)
+        pos = np.searchsorted(self.hashes, grams)
+        pos[pos >= len(self.hashes)] = 0
+        found = self.hashes[pos] == grams
+        if int(found.sum()) < self.min_ngrams:
+            return None
+        at = int(np.flatnonzero(found)[0])
+        owner = int(self.owner[pos[at]])
+        split = words.split(" ")
+        evidence = " ".join(split[at:at + self.ngram])
+        return Match(self.references[owner], "n-gram", round(float(found.mean()), 3), _cut(evidence))
+
+    def _similar(self, norm: str) -> Match | None:
+        sig = self.signer.sign(norm)
+        bands = band_hashes(sig[None, :], self.params)[0]
+        candidates: set[int] = set()
+        for b, h in enumerate(bands.tolist()):
+            column = self.band_sorted[:, b]
+            lo, hi = np.searchsorted(column, h, "left"), np.searchsorted(column, h, "right")
+            candidates.update(self.band_order[lo:hi, b].tolist())
+        if not candidates:
+            return None
+        rows = np.array(sorted(candidates), dtype=np.int64)
+        sims = estimated_jaccard(self.sigs[rows], sig[None, :])
+        best = int(np.argmax(sims))
+        if sims[best] < self.threshold:
+            return None
+        ref = self.references[int(self.sig_owner[rows[best]])]
+        return Match(ref, "similar instruction", round(float(sims[best]), 3), _cut(norm))
+
+    # ---- shipping the index to workers ----------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        settings = {"ngram": self.ngram, "threshold": self.threshold, "num_perm": self.num_perm,
+                    "min_ngrams": self.min_ngrams}
+        path.write_text(json.dumps({"settings": settings, "references": [asdict(r) for r in self.references]}))
+
+    @classmethod
+    def load(cls, path: Path) -> ReferenceIndex:
+        data = json.loads(path.read_text())
+        return cls([Reference(**r) for r in data["references"]], **data["settings"])
+
+    def digest(self) -> str:
+        import hashlib
+
+        body = json.dumps([asdict(r) for r in self.references], sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _cut(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+# ---- a record's texts, column-wise ---------------------------------------------------------------------
+
+
+def record_texts(batch: pa.RecordBatch | pa.Table) -> list[tuple[str, str]]:
+    """(task instruction, trajectory text) of each trajectory row (columns `steps`, `details`)."""
+    steps = batch.column("steps")
+    if isinstance(steps, pa.ChunkedArray):
+        steps = steps.combine_chunks()
+    offsets = steps.offsets.to_numpy()
+    flat = steps.values
+    cols = {name: flat.field(name).to_pylist() for name in _STEP_FIELDS}
+    details = batch.column("details").to_pylist() if "details" in batch.schema.names else [None] * len(batch)
+    out = []
+    for r in range(len(batch)):
+        instruction = _task_instruction(details[r])
+        parts = []
+        for i in range(int(offsets[r]), int(offsets[r + 1])):
+            kind, source, name = cols["kind"][i], cols["source"][i], cols["name"][i]
+            if kind == "text" and source == "user" and name != "system":
+                if instruction is None:
+                    instruction = cols["content"][i] or ""
+                parts.append(cols["content"][i] or "")
+            elif kind in ("message", "code", "api") or (kind == "text" and source == "agent"):
+                parts += [cols["thought"][i] or "", cols["reasoning"][i] or "", cols["content"][i] or "",
+                          cols["arguments"][i] or "" if kind == "api" else ""]
+        out.append((instruction or "", "\n".join(p for p in parts if p)))
+    return out
+
+
+def _task_instruction(details: str | None) -> str | None:
+    if not details:
+        return None
+    try:
+        task = json.loads(details).get("task")
+    except (ValueError, AttributeError):
+        return None
+    instruction = task.get("instruction") if isinstance(task, dict) else None
+    return instruction if isinstance(instruction, str) and instruction.strip() else None
+
+
+# ---- where references come from --------------------------------------------------------------------
+
+
+def held_out_references(sources: Iterable[tuple[Any, str]]) -> list[Reference]:
+    """References of the test splits of task sources: `(TaskSourceConfig, env name)` pairs; sources
+    without a test split give none. Each test task counts once, however many configs name it."""
+    from envs.tasks import held_out_tasks
+
+    out: dict[tuple[str, str], Reference] = {}
+    seen: set[str] = set()
+    for config, env in sources:
+        key = json.dumps([config.source, config.path, config.options, env], sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        tasks = held_out_tasks(config, env)
+        for ref in task_references(tasks or [], f"{config.source} test tasks"):
+            out.setdefault((ref.source, ref.id), ref)
+    return list(out.values())
