@@ -11,6 +11,11 @@ without one, the task's instruction as what the user wants. It reveals what it k
 asked, never invents what it does not know, and ends with `###STOP###` once served (or after
 `max_turns` of its messages). It answers from the task and the conversation only, so it keeps no
 state of its own, and its calls go through the LLM cache like any other.
+
+    user: {kind: llm, fidelity: {on_broken: quarantine, judge_llm: {...}}}
+
+A model-played user's turns are checked against the scenario after each episode (`fidelity`,
+filters/user_fidelity.py): an episode with a broken turn is quarantined, or kept and marked.
 """
 
 from __future__ import annotations
