@@ -202,8 +202,13 @@ def conversation_lines(steps: Sequence[Step], upto: int, max_chars: int = 3000) 
 # ---- rules -----------------------------------------------------------------------------------------
 
 
-def rule_verdict(task: Task, steps: Sequence[Step], index: int, tools: Sequence[Tool] = ()) -> TurnVerdict | None:
-    """The rules' verdict on the user turn at `steps[index]`: a broken label, ok for the turn cap, else None."""
+def rule_verdict(task: Task, steps: Sequence[Step], index: int, tools: Sequence[Tool] = (),
+                 facts: bool = True) -> TurnVerdict | None:
+    """The rules' verdict on the user turn at `steps[index]`: a broken label, ok for the turn cap, else None.
+
+    `facts`: the user may state only what its scenario or the agent gave it (a persona); a simulated
+    world's own user invents its facts along with the world's, so the identifier rules stay off there.
+    """
     text = steps[index].content  # type: ignore[union-attr]
     opening = index == user_turns(steps)[0]
     if text.strip() == TURN_CAP_REPLY:
@@ -232,6 +237,8 @@ def rule_verdict(task: Task, steps: Sequence[Step], index: int, tools: Sequence[
               if any(g[i:i + 2] == marker for marker in _SCENARIO_MARKERS for i in range(len(g) - 1))]
     if quoted:
         return TurnVerdict(index, "leak", "rule", f"quotes its scenario's instructions: {' '.join(min(quoted))!r}")
+    if not facts:
+        return None
     known = _norm_ids(" ".join([scenario, task.instruction, *agent_said]))
     for found in [m.group(0) for m in _IDENTIFIERS.finditer(body)] + [f"zip {m.group(1)}" for m in _ZIP.finditer(body)]:
         key = _norm_ids(found).removeprefix("zip ")
@@ -256,12 +263,12 @@ def judge_messages(task: Task, steps: Sequence[Step], index: int) -> list[dict[s
 
 
 async def check_user_turns(task: Task, steps: Sequence[Step], *, judge: Any = None,
-                           tools: Sequence[Tool] = ()) -> Fidelity:
+                           tools: Sequence[Tool] = (), facts: bool = True) -> Fidelity:
     """Every user turn of an episode of `task` checked: rules first, then `judge` (an LLM) on the rest."""
     name = f"{judge.config.backend}:{judge.config.model}" if judge is not None else None
     result = Fidelity(judge=name)
     for index in user_turns(steps):
-        verdict = rule_verdict(task, steps, index, tools)
+        verdict = rule_verdict(task, steps, index, tools, facts)
         if verdict is None and judge is not None:
             answer = await judge.structured(judge_messages(task, steps, index), TurnJudgement)
             verdict = (TurnVerdict(index, UNKNOWN, "judge", "the judge gave no valid answer") if answer is None

@@ -72,6 +72,7 @@ class EnvMethod(GenerationMethod):
         self._anchor: Environment | None = None
         # Set by setup(): whether a model plays the user (its turns are then checked), and the check's judge.
         self._checks_users = False
+        self._user_kind: str | None = None
         self._fidelity_judge: LLM | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -96,8 +97,8 @@ class EnvMethod(GenerationMethod):
             self._anchor = anchor
             self._tools = anchor.tools()
             self._policy_text = anchor.policy
-            self._checks_users = (self.config.user.fidelity.check and anchor.user is not None
-                                  and anchor.user.kind in MODEL_USERS)
+            self._user_kind = anchor.user.kind if anchor.user is not None else None
+            self._checks_users = self.config.user.fidelity.check and self._user_kind in MODEL_USERS
 
     def role_llm(self, role: str, output: Dataset) -> LLM | None:
         """The model of `role` (a `RoleModel` field of the config), cached in `output`; None when unset.
@@ -138,7 +139,10 @@ class EnvMethod(GenerationMethod):
             if not user_turns(trajectory.steps):
                 kept.append(trajectory)
                 continue
-            verdict = await check_user_turns(task_of(trajectory), trajectory.steps, judge=judge, tools=trajectory.tools)
+            task = task_of(trajectory)
+            # A simulated world's own user invents its facts with the world's; a persona has only its scenario's.
+            facts = self._user_kind != "simulated" or isinstance(task.metadata.get("user_scenario"), dict)
+            verdict = await check_user_turns(task, trajectory.steps, judge=judge, tools=trajectory.tools, facts=facts)
             trajectory.details["user_fidelity"] = verdict.as_dict()
             result.counts["user_fidelity:checked"] += 1
             if verdict.ok:
