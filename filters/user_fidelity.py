@@ -43,7 +43,8 @@ UNKNOWN = "unknown"
 _WORD = re.compile(r"\w+")
 # Agent speech a customer does not produce.
 _AGENT_PHRASES = [re.compile(p, re.IGNORECASE) for p in (
-    r"\bhow (can|may|could) i (help|assist) you\b",
+    r"\b(how|what) (can|may|could) i (help|assist|do for) you\b",
+    r"\bi(?:'m| am) here to (help|assist)\b",
     r"\bis there anything else (that )?i can (help|do|assist)\b",
     r"\bthank you for (contacting|reaching out to|calling) (us|our|the)\b",
     r"\bi(?:'ve| have) (successfully )?(processed|cancell?ed|updated|exchanged|returned|modified|refunded) your\b",
