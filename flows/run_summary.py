@@ -85,10 +85,10 @@ def print_run_summary(result: dict[str, Any]) -> None:
     console.print("[bold]outputs[/]")
     for s in stages:
         if s["stage"] != "export":
-            console.print(f"  {s['stage']:8} {s['name']:24} {s['output']}", highlight=False)
+            console.print(f"  {s['stage']:13} {s['name']:24} {s['output']}", highlight=False)
     for s in stages:
         if s["stage"] == "export":
-            console.print(f"  export   {s['name']:24} {s['output']}  (README.md, plots/, data/*.parquet)",
+            console.print(f"  {'export':13} {s['name']:24} {s['output']}  (README.md, plots/, data/*.parquet)",
                           highlight=False)
     console.print(f"done in {result['seconds']:.1f}s; runs logged in {result['output']}/_runs.jsonl; "
                   "load an export with datasets.load_dataset('parquet', data_files='EXPORT/data/*.parquet'); "
