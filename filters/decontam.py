@@ -17,8 +17,8 @@ A record's task instruction is `details["task"]["instruction"]` (generated recor
 first user turn (never the system step). Its trajectory text is what the user and the agent said
 and did: user turns, agent messages, thoughts, code and tool-call arguments (the system prompt and
 tool results are shared by unrelated records and left out). MinHash signatures and n-gram hashes
-come from filters/dedup.py (datasketch's permutations; 64-bit n-gram hashes, so a large reference
-set gives no chance matches).
+come from filters/dedup.py (datasketch's permutations, the same n-gram fold; 64-bit n-gram hashes, so
+a large reference set gives no chance matches).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from filters.dedup import (
     Signer,
     band_hashes,
     estimated_jaccard,
+    fold_shingles,
     lsh_params,
     normalized_words,
-    shingle_hashes,
 )
 
 DEFAULT_NGRAM = 13
@@ -48,6 +48,17 @@ MAX_REFERENCE_CHARS = 200_000
 # JSONL reference keys that hold an item's task text, in order of preference.
 INSTRUCTION_KEYS = ("instruction", "question", "prompt", "query", "task", "problem", "input", "intent", "goal", "text")
 _STEP_FIELDS = ("kind", "source", "name", "content", "function", "arguments", "thought", "reasoning")
+
+
+def _hashes(words: list[str]) -> np.ndarray:
+    """A 64-bit hash of each word: Python's own string hash, which is fast but differs between processes
+    (PYTHONHASHSEED), so an index is always rebuilt from its references in the process that uses it."""
+    return np.fromiter(map(hash, words), dtype=np.int64, count=len(words)).view(np.uint64)
+
+
+def _text_shingles(text: str, n: int, bits: int) -> np.ndarray:
+    words = normalized_words(text)
+    return fold_shingles(_hashes(words.split(" ")), n, bits) if words else np.empty(0, np.uint64)
 
 
 class ReferenceError(ValueError):
@@ -156,9 +167,8 @@ class ReferenceIndex:
         self.params = lsh_params(threshold, num_perm)
         hashes, owners = [], []
         for i, ref in enumerate(self.references):
-            text = normalized_words(ref.text)
-            if text:
-                h = np.unique(shingle_hashes(text, ngram, bits=64))
+            h = np.unique(_text_shingles(ref.text, ngram, 64))
+            if len(h):
                 hashes.append(h)
                 owners.append(np.full(len(h), i, dtype=np.int64))
         all_h = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
@@ -173,7 +183,9 @@ class ReferenceIndex:
         self.exact.pop("", None)
         with_instruction = [i for i, r in enumerate(self.references) if normalized_words(r.instruction)]
         self.sig_owner = np.array(with_instruction, dtype=np.int64)
-        self.sigs = self.signer.sign_many(normalized_words(self.references[i].instruction) for i in with_instruction)
+        self.sigs = np.stack([self.signer.sign_shingles(_text_shingles(self.references[i].instruction,
+                                                                        INSTRUCTION_SHINGLE, 32))
+                              for i in with_instruction]) if with_instruction else np.empty((0, num_perm), np.uint32)
         bands = band_hashes(self.sigs, self.params) if len(with_instruction) else np.empty((0, self.params.bands), np.uint64)
         self.band_order = np.argsort(bands, axis=0, kind="stable")
         self.band_sorted = np.take_along_axis(bands, self.band_order, axis=0)
@@ -183,45 +195,62 @@ class ReferenceIndex:
 
     def match(self, instruction: str, text: str) -> Match | None:
         """The first rule that matches the record with this instruction and trajectory text, else None."""
-        norm = normalized_words(instruction)
-        if norm and norm in self.exact:
-            return Match(self.references[self.exact[norm]], "exact instruction", 1.0, _cut(norm))
-        if norm and len(self.sigs):
-            hit = self._similar(norm)
-            if hit is not None:
-                return hit
-        words = normalized_words(f"{instruction}\n{text}")
-        if not words or not len(self.hashes):
-            return None
-        grams = shingle_hashes(words, self.ngram, bits=64)
-        pos = np.searchsorted(self.hashes, grams)
-        pos[pos >= len(self.hashes)] = 0
-        found = self.hashes[pos] == grams
-        if int(found.sum()) < self.min_ngrams:
-            return None
-        at = int(np.flatnonzero(found)[0])
-        owner = int(self.owner[pos[at]])
-        split = words.split(" ")
-        evidence = " ".join(split[at:at + self.ngram])
-        return Match(self.references[owner], "n-gram", round(float(found.mean()), 3), _cut(evidence))
+        return self.match_many([(instruction, text)])[0]
 
-    def _similar(self, norm: str) -> Match | None:
-        sig = self.signer.sign(norm)
-        bands = band_hashes(sig[None, :], self.params)[0]
-        candidates: set[int] = set()
-        for b, h in enumerate(bands.tolist()):
+    def match_many(self, records: Sequence[tuple[str, str]]) -> list[Match | None]:
+        """`match` for a batch of (instruction, trajectory text): signatures, bands and n-gram lookups at once."""
+        norms = [normalized_words(instruction) for instruction, _ in records]
+        out: list[Match | None] = [None] * len(records)
+        for r, norm in enumerate(norms):
+            if norm and norm in self.exact:
+                out[r] = Match(self.references[self.exact[norm]], "exact instruction", 1.0, _cut(norm))
+        # One pass over the words: the instruction's hashes start the record's (instruction, then text).
+        words = [f"{norm} {normalized_words(text)}".strip().split(" ") if out[r] is None else []
+                 for r, (norm, (_, text)) in enumerate(zip(norms, records))]
+        hashes = [_hashes(w) if w != [""] else np.empty(0, np.uint64) for w in words]
+        todo = [r for r, norm in enumerate(norms) if out[r] is None and norm]
+        if todo and len(self.sigs):
+            shingles = [fold_shingles(hashes[r][:norms[r].count(" ") + 1], INSTRUCTION_SHINGLE, 32) for r in todo]
+            self._similar(todo, norms, shingles, out)
+        todo = [r for r in range(len(records)) if out[r] is None and len(hashes[r])]
+        if todo and len(self.hashes):
+            self._ngrams(todo, words, hashes, out)
+        return out
+
+    def _similar(self, todo: list[int], norms: list[str], shingles: list[np.ndarray], out: list[Match | None]) -> None:
+        sigs = np.stack([self.signer.sign_shingles(sh) for sh in shingles])
+        bands = band_hashes(sigs, self.params)
+        candidates: dict[int, set[int]] = {}
+        for b in range(self.params.bands):
             column = self.band_sorted[:, b]
-            lo, hi = np.searchsorted(column, h, "left"), np.searchsorted(column, h, "right")
-            candidates.update(self.band_order[lo:hi, b].tolist())
-        if not candidates:
-            return None
-        rows = np.array(sorted(candidates), dtype=np.int64)
-        sims = estimated_jaccard(self.sigs[rows], sig[None, :])
-        best = int(np.argmax(sims))
-        if sims[best] < self.threshold:
-            return None
-        ref = self.references[int(self.sig_owner[rows[best]])]
-        return Match(ref, "similar instruction", round(float(sims[best]), 3), _cut(norm))
+            lo = np.searchsorted(column, bands[:, b], "left")
+            hi = np.searchsorted(column, bands[:, b], "right")
+            for k in np.flatnonzero(hi > lo).tolist():
+                candidates.setdefault(k, set()).update(self.band_order[lo[k]:hi[k], b].tolist())
+        for k, found in candidates.items():
+            rows = np.array(sorted(found), dtype=np.int64)
+            sims = estimated_jaccard(self.sigs[rows], sigs[k][None, :])
+            best = int(np.argmax(sims))
+            if sims[best] >= self.threshold:
+                ref = self.references[int(self.sig_owner[rows[best]])]
+                out[todo[k]] = Match(ref, "similar instruction", round(float(sims[best]), 3), _cut(norms[todo[k]]))
+
+    def _ngrams(self, todo: list[int], words: list[list[str]], hashes: list[np.ndarray],
+                out: list[Match | None]) -> None:
+        grams = [fold_shingles(hashes[r], self.ngram, bits=64) for r in todo]
+        lengths = np.array([len(g) for g in grams], dtype=np.int64)
+        flat = np.concatenate(grams)
+        pos = np.searchsorted(self.hashes, flat)
+        pos[pos >= len(self.hashes)] = 0
+        found = self.hashes[pos] == flat
+        starts = np.r_[0, np.cumsum(lengths)[:-1]]
+        counts = np.add.reduceat(found.astype(np.int64), starts)
+        for k in np.flatnonzero(counts >= self.min_ngrams).tolist():
+            a, n = int(starts[k]), int(lengths[k])
+            at = int(np.flatnonzero(found[a:a + n])[0])
+            owner = int(self.owner[pos[a + at]])
+            evidence = " ".join(words[todo[k]][at:at + self.ngram])
+            out[todo[k]] = Match(self.references[owner], "n-gram", round(float(counts[k]) / n, 3), _cut(evidence))
 
     # ---- shipping the index to workers ----------------------------------------------------------
 
@@ -266,8 +295,9 @@ def record_texts(batch: pa.RecordBatch | pa.Table) -> list[tuple[str, str]]:
             kind, source, name = cols["kind"][i], cols["source"][i], cols["name"][i]
             if kind == "text" and source == "user" and name != "system":
                 if instruction is None:
-                    instruction = cols["content"][i] or ""
-                parts.append(cols["content"][i] or "")
+                    instruction = cols["content"][i] or ""  # matched as the instruction: not again as text
+                else:
+                    parts.append(cols["content"][i] or "")
             elif kind in ("message", "code", "api") or (kind == "text" and source == "agent"):
                 parts += [cols["thought"][i] or "", cols["reasoning"][i] or "", cols["content"][i] or "",
                           cols["arguments"][i] or "" if kind == "api" else ""]

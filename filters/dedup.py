@@ -94,7 +94,11 @@ def shingle_hashes(text: str, ngram: int = DEFAULT_NGRAM, bits: int = 32) -> np.
     if not words:
         return np.zeros(1, dtype=np.uint64)
     h32 = xxhash.xxh32_intdigest
-    hv = np.fromiter((h32(w.encode()) for w in words), dtype=np.uint64, count=len(words))
+    return fold_shingles(np.fromiter((h32(w.encode()) for w in words), dtype=np.uint64, count=len(words)), ngram, bits)
+
+
+def fold_shingles(hv: np.ndarray, ngram: int = DEFAULT_NGRAM, bits: int = 32) -> np.ndarray:
+    """The n-gram hashes of a text from its words' xxh32 hashes (`hv`, uint64): see `shingle_hashes`."""
     n = min(ngram, len(hv))
     m = len(hv) - n + 1
     acc = np.full(m, 0xCBF29CE484222325, dtype=np.uint64)
@@ -114,8 +118,12 @@ class Signer:
         self.permutations = MinHash(num_perm, seed=SEED, scheme=SCHEME).permutations
 
     def sign(self, text: str) -> np.ndarray:
+        return self.sign_shingles(shingle_hashes(text, self.ngram))
+
+    def sign_shingles(self, shingles: np.ndarray) -> np.ndarray:
+        """The signature of a text's 32-bit shingle hashes (`shingle_hashes` / `fold_shingles`)."""
         m = MinHash(self.num_perm, seed=SEED, hashfunc=int, permutations=self.permutations, scheme=SCHEME)
-        m.update_batch(shingle_hashes(text, self.ngram))
+        m.update_batch(shingles)
         return m.hashvalues
 
     def sign_many(self, texts: Iterable[str]) -> np.ndarray:

@@ -68,8 +68,7 @@ class DecontaminateShard(beam.DoFn):
                 ids = rows.column("id").to_pylist()
                 keep = np.ones(len(rows), dtype=bool)
                 decided: dict[str, list[Any]] = {"filter": [], "reason": [], "score": []}
-                for r, (instruction, text) in enumerate(record_texts(rows)):
-                    match = self.index.match(instruction, text)
+                for r, match in enumerate(self.index.match_many(record_texts(rows))):
                     if match is None:
                         continue
                     keep[r] = False
