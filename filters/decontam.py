@@ -61,7 +61,7 @@ def _text_shingles(text: str, n: int, bits: int) -> np.ndarray:
     return fold_shingles(_hashes(words.split(" ")), n, bits) if words else np.empty(0, np.uint64)
 
 
-class ReferenceError(ValueError):
+class ReferenceFileError(ValueError):
     """A reference file that cannot be used; the message names the file and line."""
 
 
@@ -122,7 +122,7 @@ def file_references(path: str | Path) -> list[Reference]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ReferenceError(f"{path}: cannot read the reference file ({getattr(exc, 'strerror', None) or exc})") from None
+        raise ReferenceFileError(f"{path}: cannot read the reference file ({getattr(exc, 'strerror', None) or exc})") from None
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -130,7 +130,7 @@ def file_references(path: str | Path) -> list[Reference]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ReferenceError(f"{path}:{n}: not JSON ({exc.msg})") from None
+            raise ReferenceFileError(f"{path}:{n}: not JSON ({exc.msg})") from None
         if isinstance(row, str):
             instruction, text, ref_id = row, row, f"{path.name}:{n}"
         elif isinstance(row, dict):
@@ -140,12 +140,12 @@ def file_references(path: str | Path) -> list[Reference]:
             text = "\n".join(parts)
             ref_id = str(row.get("id") or row.get("task_id") or f"{path.name}:{n}")
         else:
-            raise ReferenceError(f"{path}:{n}: a reference is a string or an object, not {type(row).__name__}")
+            raise ReferenceFileError(f"{path}:{n}: a reference is a string or an object, not {type(row).__name__}")
         if not normalized_words(text):
-            raise ReferenceError(f"{path}:{n}: the reference has no text")
+            raise ReferenceFileError(f"{path}:{n}: the reference has no text")
         out.append(Reference(ref_id, f"file {path.name}", instruction, text))
     if not out:
-        raise ReferenceError(f"{path}: no references in the file")
+        raise ReferenceFileError(f"{path}: no references in the file")
     return out
 
 

@@ -54,7 +54,7 @@ def decontaminate_cmd(
     Unknown options (e.g. --direct_num_workers=2) are passed to Beam.
     """
     from envs.tasks import TaskFileError
-    from filters.decontam import ReferenceError, file_references, held_out_references
+    from filters.decontam import ReferenceFileError, file_references, held_out_references
     from pipelines.beam_runner import PipelineError
     from pipelines.decontam import run_decontam
     from schemas.store import StoreError
@@ -66,7 +66,7 @@ def decontaminate_cmd(
         refs = held_out_references(_task_sources(tasks))
         for path in reference:
             refs += file_references(path)
-    except (TaskFileError, ReferenceError) as exc:
+    except (TaskFileError, ReferenceFileError) as exc:
         fail(str(exc))
     if not refs:
         fail("the task sources given have no test split, and no --reference was given: nothing to check against")

@@ -12,7 +12,7 @@ import pytest
 import pyarrow as pa
 
 from envs.tasks import TaskFileError, TaskSourceConfig, held_out_tasks, load_tasks
-from filters.decontam import Reference, ReferenceError, ReferenceIndex, file_references, record_texts
+from filters.decontam import Reference, ReferenceFileError, ReferenceIndex, file_references, record_texts
 from schemas.arrow import TRAJECTORY_SCHEMA, trajectory_to_row
 from schemas.models import MessageAction, TextObservation, Trajectory
 from schemas.store import Dataset
@@ -80,7 +80,7 @@ def test_task_sources_with_a_test_split(tmp_path: Path) -> None:
         load_tasks(TaskSourceConfig(source="miniwob", split="test", options={"tasks": ["click-button"]}), "browser")
     bad = tmp_path / "refs.jsonl"
     bad.write_text('"a benchmark question"\n{"broken\n')
-    with pytest.raises(ReferenceError, match=r"refs.jsonl:2: not JSON"):
+    with pytest.raises(ReferenceFileError, match=r"refs.jsonl:2: not JSON"):
         file_references(bad)
 
 
