@@ -10,6 +10,11 @@ Every source yields `Task`s for one environment, in a stable order (a re-run see
 `ids` keeps only the named ones, `n` caps how many. Sources are registered by name
 (`register_task_source`), so a package can add its own. Paths may name a file inside an installed
 Python package as `pkg://<package>/<path>`.
+
+A source whose benchmark has a test split also registers how to read it (`register_held_out`):
+tau2's test tasks, MiniWoB's test seeds, the tasks of a JSONL file marked `metadata.split: test`
+(which generation refuses unless `allow_test_split`). `held_out_tasks` reads them, for the
+decontamination stage (pipelines/decontam.py).
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class TaskSourceConfig(BaseModel):
 
 TaskLoader = Callable[[TaskSourceConfig, str, "Environment | None"], Iterator[Task]]
 _SOURCES: dict[str, TaskLoader] = {}
+# source -> (its config, env name) -> the benchmark's test tasks, or None when this config's data has no test split.
+HeldOutLoader = Callable[[TaskSourceConfig, str], "list[Task] | None"]
+_HELD_OUT: dict[str, HeldOutLoader] = {}
+TEST_SPLIT = "test"
 
 
 def register_task_source(name: str) -> Callable[[TaskLoader], TaskLoader]:
@@ -68,6 +77,23 @@ def register_task_source(name: str) -> Callable[[TaskLoader], TaskLoader]:
         return fn
 
     return _register
+
+
+def register_held_out(name: str) -> Callable[[HeldOutLoader], HeldOutLoader]:
+    """Register how source `name` reads its benchmark's test split."""
+    def _register(fn: HeldOutLoader) -> HeldOutLoader:
+        _HELD_OUT[name] = fn
+        return fn
+
+    return _register
+
+
+def held_out_tasks(config: TaskSourceConfig, env_name: str) -> list[Task] | None:
+    """The test-split tasks of the benchmark behind `config` (all of them, whatever `split`, `ids`, `n`
+    say), or None when its source has no test split."""
+    _load_plugins()
+    loader = _HELD_OUT.get(config.source)
+    return None if loader is None else loader(config, env_name)
 
 
 def task_sources() -> list[str]:
@@ -144,6 +170,16 @@ def _from_jsonl(config: TaskSourceConfig, env_name: str, env: Environment | None
     if not config.path:
         raise TaskFileError("the jsonl task source needs a path")
 
+    tasks = list(jsonl_tasks(config.path, _jsonl_task(env_name)))
+    test = [t.id for t in tasks if t.metadata.get("split") == TEST_SPLIT]
+    if test and not config.allow_test_split:
+        raise TaskFileError(f"{config.path}: {len(test)} task(s) marked metadata.split: test ({', '.join(test[:3])}"
+                            f"{', ...' if len(test) > 3 else ''}); training data from test tasks is refused unless "
+                            "asked for (--allow-test-split, or tasks.allow_test_split: true)")
+    yield from tasks
+
+
+def _jsonl_task(env_name: str) -> Callable[[int, Any], Task]:
     def make(n: int, row: Any) -> Task:
         if not isinstance(row, dict) or not isinstance(row.get("instruction"), str):
             raise ValueError("a task needs an 'instruction' string")
@@ -151,7 +187,15 @@ def _from_jsonl(config: TaskSourceConfig, env_name: str, env: Environment | None
         row.setdefault("env", env_name)
         return Task.model_validate(row)
 
-    yield from jsonl_tasks(config.path, make)
+    return make
+
+
+@register_held_out("jsonl")
+def _jsonl_held_out(config: TaskSourceConfig, env_name: str) -> list[Task] | None:
+    if not config.path:
+        return None
+    test = [t for t in jsonl_tasks(config.path, _jsonl_task(env_name)) if t.metadata.get("split") == TEST_SPLIT]
+    return test or None
 
 
 def jsonl_tasks(path: str, make: Callable[[int, Any], Task]) -> Iterator[Task]:

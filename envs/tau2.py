@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from pydantic import ValidationError
 
 from envs.base import Environment, Task
-from envs.tasks import TaskFileError, TaskSourceConfig, read_text, register_task_source, resolve_path
+from envs.tasks import TaskFileError, TaskSourceConfig, read_text, register_held_out, register_task_source, resolve_path
 
 TEST_SPLIT = "test"
 DEFAULT_SPLIT = "train"
@@ -158,3 +158,12 @@ def load_tau2(config: TaskSourceConfig, env_name: str, env: Environment | None) 
         seen.add(task.id)
         yield task
 
+
+
+@register_held_out("tau2")
+def tau2_held_out(config: TaskSourceConfig, env_name: str) -> list[Task] | None:
+    """tau2's test tasks (None where the tasks file has no split file)."""
+    if not config.path or _splits(config, config.path) is None:
+        return None
+    test = config.model_copy(update={"split": TEST_SPLIT, "allow_test_split": True, "ids": None, "n": None})
+    return list(load_tau2(test, env_name, None))

@@ -11,6 +11,11 @@ without one, the task's instruction as what the user wants. It reveals what it k
 asked, never invents what it does not know, and ends with `###STOP###` once served (or after
 `max_turns` of its messages). It answers from the task and the conversation only, so it keeps no
 state of its own, and its calls go through the LLM cache like any other.
+
+    user: {kind: llm, fidelity: {on_broken: quarantine, judge_llm: {...}}}
+
+A model-played user's turns are checked against the scenario after each episode (`fidelity`,
+filters/user_fidelity.py): an episode with a broken turn is quarantined, or kept and marked.
 """
 
 from __future__ import annotations
@@ -26,6 +31,21 @@ from envs.base import USER_STOP, Task, UserReply, UserSimulator
 from schemas.models import Step
 
 UserKind = Literal["auto", "llm", "rules", "none"]
+# The user kinds whose turns a model writes (the persona, the simulator's user): the ones fidelity checks.
+MODEL_USERS = frozenset({"llm persona", "simulated"})
+
+
+class FidelityConfig(BaseModel):
+    """`user.fidelity`: check every turn of a model-played user against its scenario (filters/user_fidelity.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    check: bool = Field(True, description="check the turns of model-played users (persona, simulator)")
+    on_broken: Literal["quarantine", "mark"] = Field(
+        "quarantine", description="an episode with a broken user turn: quarantined, or kept and marked")
+    judge: bool = Field(True, description="also ask a judge model (judge_llm, else the method's judge.llm); "
+                                          "without one, the rules alone")
+    judge_llm: LLMConfig | None = Field(None, description="the fidelity judge's model")
 
 
 class UserConfig(BaseModel):
@@ -37,6 +57,7 @@ class UserConfig(BaseModel):
     llm: LLMConfig | None = Field(None, description="the persona's model; default: the method's model")
     max_turns: int = Field(12, ge=1, description="user messages before the user leaves")
     temperature: float = Field(0.0, ge=0, description="sampling temperature of the persona")
+    fidelity: FidelityConfig = Field(default_factory=FidelityConfig, description="the check of the user's turns")
 
 
 PERSONA_SYSTEM = """You are playing a customer who contacts an agent for help. Stay in this role for the whole \
@@ -94,6 +115,10 @@ def persona_messages(task: Task, conversation: Sequence[Step]) -> list[dict[str,
     return msgs
 
 
+# What the persona says when the run's turn cap (`max_turns`) ends the conversation (not the model's words).
+TURN_CAP_REPLY = f"I have to go now. {USER_STOP}"
+
+
 class PersonaUser(UserSimulator):
     """An LLM playing the person a task describes."""
 
@@ -114,7 +139,7 @@ class PersonaUser(UserSimulator):
     async def reply(self, task: Task, conversation: Sequence[Step]) -> UserReply:
         turns = sum(1 for s in conversation if s.kind == "text" and s.source == "user")
         if turns >= self.max_turns:
-            return UserReply(text=f"I have to go now. {USER_STOP}", stop=True)
+            return UserReply(text=TURN_CAP_REPLY, stop=True)
         text = await self._say(task, conversation)
         return UserReply(text=text, stop=USER_STOP in text)
 

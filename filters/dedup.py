@@ -87,18 +87,25 @@ def exact_hash(text: str) -> int:
     return xxhash.xxh3_64_intdigest(text.encode())
 
 
-def shingle_hashes(text: str, ngram: int = DEFAULT_NGRAM) -> np.ndarray:
-    """32-bit hashes of the word n-grams of `text` (one shingle for texts shorter than n words)."""
+def shingle_hashes(text: str, ngram: int = DEFAULT_NGRAM, bits: int = 32) -> np.ndarray:
+    """Hashes of the word n-grams of `text` (one shingle for texts shorter than n words): 32-bit for
+    MinHash; 64-bit (`bits=64`) where shingles are looked up in large sets (decontamination)."""
     words = _WORD.findall(text)
     if not words:
         return np.zeros(1, dtype=np.uint64)
     h32 = xxhash.xxh32_intdigest
-    hv = np.fromiter((h32(w.encode()) for w in words), dtype=np.uint64, count=len(words))
+    return fold_shingles(np.fromiter((h32(w.encode()) for w in words), dtype=np.uint64, count=len(words)), ngram, bits)
+
+
+def fold_shingles(hv: np.ndarray, ngram: int = DEFAULT_NGRAM, bits: int = 32) -> np.ndarray:
+    """The n-gram hashes of a text from its words' xxh32 hashes (`hv`, uint64): see `shingle_hashes`."""
     n = min(ngram, len(hv))
     m = len(hv) - n + 1
     acc = np.full(m, 0xCBF29CE484222325, dtype=np.uint64)
     for j in range(n):  # FNV-style fold of the n word hashes at each position
         acc = (acc ^ hv[j : j + m]) * _FNV
+    if bits == 64:
+        return acc ^ (acc >> np.uint64(29))
     return (acc ^ (acc >> np.uint64(32))) & _M32
 
 
@@ -111,8 +118,12 @@ class Signer:
         self.permutations = MinHash(num_perm, seed=SEED, scheme=SCHEME).permutations
 
     def sign(self, text: str) -> np.ndarray:
+        return self.sign_shingles(shingle_hashes(text, self.ngram))
+
+    def sign_shingles(self, shingles: np.ndarray) -> np.ndarray:
+        """The signature of a text's 32-bit shingle hashes (`shingle_hashes` / `fold_shingles`)."""
         m = MinHash(self.num_perm, seed=SEED, hashfunc=int, permutations=self.permutations, scheme=SCHEME)
-        m.update_batch(shingle_hashes(text, self.ngram))
+        m.update_batch(shingles)
         return m.hashvalues
 
     def sign_many(self, texts: Iterable[str]) -> np.ndarray:

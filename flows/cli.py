@@ -37,6 +37,7 @@ COMMANDS: dict[str, Command] = {
     "filter": Command("flows.cmd_filter:filter_cmd", "CONTEXT_SETTINGS"),
     "dedup": Command("flows.cmd_filter:dedup_cmd", "CONTEXT_SETTINGS"),
     "mix": Command("flows.cmd_filter:mix_cmd"),
+    "decontaminate": Command("flows.cmd_decontam:decontaminate_cmd", "CONTEXT_SETTINGS"),
     "export": Command("flows.cmd_export:export"),
     "card": Command("flows.cmd_export:card"),
     "demo": Command("flows.cmd_run:demo"),

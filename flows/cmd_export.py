@@ -15,7 +15,7 @@ from flows.console import console, fail
 def export(
     dataset: Annotated[Path, typer.Argument(help="Input trajforge dataset directory.")],
     format: Annotated[str, typer.Option("--format", "-f",
-                                        help="trl-sft, trl-dpo, trl-kto, tokenized, openai or sharegpt.")],
+                                        help="trl-sft, trl-dpo, trl-kto, tokenized, openai, sharegpt or atif.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output directory (a Hugging Face dataset).")],
     shard_rows: Annotated[int, typer.Option(help="Rows per output shard.")] = 50_000,
     mix: Annotated[Optional[str], typer.Option(
@@ -43,7 +43,7 @@ def export(
         help="--format tokenized: longest row in tokens; longer trajectories are cut by turns.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in OUTPUT.")] = False,
 ) -> None:
-    """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, tokenized, OpenAI, ShareGPT)."""
+    """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, tokenized, OpenAI, ShareGPT) or as ATIF."""
     from converters.export import ExportConfig
     from converters.export import export as run_export
     from converters.export.mix import MixError, parse_mix

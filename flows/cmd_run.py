@@ -57,6 +57,9 @@ def _check(config: Path) -> Path:
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001
         fail(f"{config}: {exc}".replace("\n", "; "))
+    for path in cfg.decontaminate.references:
+        if not Path(path).is_file():
+            fail(f"{config}: decontaminate.references: {path}: no such file")
     for entry in cfg.generate:  # checked now: a stage would otherwise fail after the stages before it ran
         try:
             method_config = load_config(entry.method_config(cfg.llm))

@@ -1,4 +1,4 @@
-"""The Prefect pipeline flow: convert + generate -> filter -> dedup -> mix -> export, from one YAML.
+"""The Prefect pipeline flow: convert + generate -> decontaminate -> filter -> dedup -> mix -> export, from one YAML.
 
 Each stage is a Prefect task (retries, timeout) around a library call; the library does the
 work and its own resume (finished units are never redone). The flow adds a stage-level skip:
@@ -36,6 +36,7 @@ from flows import console as term
 from flows.pipeline_config import PipelineConfig, load_pipeline_config, stage_key
 from flows.progress import RichProgress
 from flows.run_summary import endpoint_counts, reasons
+from pipelines.decontam_report import merge_reports
 
 RUNS_FILE = "_runs.jsonl"
 STATE_DIR = "_state"
@@ -189,6 +190,46 @@ async def _generate_scripted(config: Any, out: Path, progress: Any) -> Any:
     return summary
 
 
+@_task("decontaminate")
+def decontam_stage(cfg: PipelineConfig, name: str, src: str, upstream: str, references: list[Any]) -> dict[str, Any]:
+    from pipelines.decontam import run_decontam
+    from pipelines.decontam_report import decontamination_report
+
+    d = cfg.decontaminate
+    out = cfg.stage_dir("decontaminate", name)
+    digest = stage_key([(r.source, r.id, r.instruction, r.text) for r in references])
+    key = stage_key("decontaminate", d.model_dump(exclude={"enabled", "references"}), digest, upstream, _version())
+    done = _skip(cfg, "decontaminate", name, key, out)
+    if done is None:
+        summary = run_decontam(src, str(out), references, ngram=d.ngram, threshold=d.threshold, num_perm=d.num_perm,
+                               min_ngrams=d.min_ngrams, overwrite=_changed(cfg, "decontaminate", name, key))
+        done = _finish(cfg, "decontaminate", name, key, out, dict(summary.counts))
+    return {**done, "report": decontamination_report(out)}
+
+
+def decontam_references(cfg: PipelineConfig) -> list[Any]:
+    """The test data the run checks against: the test splits of its task sources, and the named files."""
+    from envs.tasks import TaskSourceConfig
+    from filters.decontam import file_references, held_out_references
+
+    d = cfg.decontaminate
+    if d.enabled is False:
+        return []
+    sources = []
+    if d.task_sources:
+        for entry in cfg.generate:
+            data = entry.method_config(cfg.llm)
+            if isinstance(data.get("tasks"), dict):
+                sources.append((TaskSourceConfig.model_validate(data["tasks"]), str(data.get("env") or "retail")))
+    refs = held_out_references(sources)
+    for path in d.references:
+        refs += file_references(Path(path).resolve())
+    if d.enabled is True and not refs:
+        raise ValueError("decontaminate: enabled, but no task source of the run has a test split and no references "
+                         "file is named")
+    return refs
+
+
 @_task("filter")
 def filter_stage(cfg: PipelineConfig, name: str, src: str, upstream: str) -> dict[str, Any]:
     from pipelines.filter import run_filter
@@ -234,7 +275,8 @@ def mix_stage(cfg: PipelineConfig, sources: dict[str, str], upstream: list[str])
 
 
 @_task("export")
-def export_stage(cfg: PipelineConfig, name: str, src: str, fmt: str, upstream: str) -> dict[str, Any]:
+def export_stage(cfg: PipelineConfig, name: str, src: str, fmt: str, upstream: str,
+                 decontamination: dict[str, Any] | None = None) -> dict[str, Any]:
     from converters.export import ExportConfig, export
 
     label = f"{name}-{fmt}"
@@ -242,7 +284,7 @@ def export_stage(cfg: PipelineConfig, name: str, src: str, fmt: str, upstream: s
     key = stage_key("export", fmt, upstream, _version())
     if (done := _skip(cfg, "export", label, key, out, dataset=False)) is not None:
         return done
-    report = export(src, out, ExportConfig(format=fmt, overwrite=True))
+    report = export(src, out, ExportConfig(format=fmt, overwrite=True, decontamination=decontamination))
     counts = {"in": report.records_in, "exported": report.records_exported, "rows": report.rows,
               **{f"skipped:{k}": v for k, v in report.skipped.items()}}
     return _finish(cfg, "export", label, key, out, counts, dataset=False)
@@ -290,7 +332,8 @@ def _run_stages(cfg: PipelineConfig, config_path: str) -> dict[str, Any]:
     started = time.time()
     r, t = cfg.retries, cfg.timeouts
     results: list[dict[str, Any]] = []
-    step = _Steps(_stage_count(cfg))
+    references = decontam_references(cfg)
+    step = _Steps(_stage_count(cfg, bool(references)))
 
     def run(stage_task, timeout: float, label: str, *args: Any) -> dict[str, Any]:
         step.announce(label)
@@ -306,7 +349,14 @@ def _run_stages(cfg: PipelineConfig, config_path: str) -> dict[str, Any]:
     for i, entry in enumerate(cfg.generate):
         res = run(generate_stage, t.generate, f"generate {entry.name} ({entry.method}, {_agent_label(cfg, i)})", i)
         current[entry.name] = (res["output"], res["key"])
-    origin = dict(current)  # as converted / generated: the only stage that holds preference pairs
+    reports: dict[str, dict[str, Any]] = {}  # dataset name -> what decontamination dropped
+    if references:  # first, so no later stage (nor a DPO export of the pairs) sees contaminated records
+        for name, (src, up) in list(current.items()):
+            res = run(decontam_stage, t.decontaminate, f"decontaminate {name}", name, src, up, references)
+            current[name] = (res["output"], res["key"])
+            if res.get("report"):
+                reports[name] = res["report"]
+    origin = dict(current)  # as converted / generated (and decontaminated): the only stage that holds pairs
     if cfg.filter is not None:
         for name, (src, up) in list(current.items()):
             res = run(filter_stage, t.filter, f"filter {name}", name, src, up)
@@ -322,7 +372,9 @@ def _run_stages(cfg: PipelineConfig, config_path: str) -> dict[str, Any]:
     for ex in cfg.exports():
         targets = {ex.dataset: origin[ex.dataset]} if ex.dataset is not None else current
         for name, (src, up) in targets.items():
-            run(export_stage, t.export, f"export {name} as {ex.format}", name, src, ex.format, up)
+            upstream = [reports[n] for n in ([name] if name in origin else sorted(origin)) if n in reports]
+            run(export_stage, t.export, f"export {name} as {ex.format}", name, src, ex.format, up,
+                merge_reports(upstream) if upstream else None)
 
     seconds = round(time.time() - started, 3)
     _publish(cfg, results)
@@ -347,9 +399,9 @@ class _Steps:
         term.console.rule(f"[bold]{self.done}/{self.total} {label}", align="left")
 
 
-def _stage_count(cfg: PipelineConfig) -> int:
+def _stage_count(cfg: PipelineConfig, decontaminate: bool) -> int:
     datasets = len(cfg.convert) + len(cfg.generate)
-    per_dataset = datasets * ((cfg.filter is not None) + (cfg.dedup is not None))
+    per_dataset = datasets * ((cfg.filter is not None) + (cfg.dedup is not None) + decontaminate)
     exported = 1 if cfg.mix is not None else datasets
     exports = sum(1 if e.dataset is not None else exported for e in cfg.exports())
     return datasets + per_dataset + (cfg.mix is not None) + exports

@@ -4,6 +4,7 @@
     llm: {backend: llamacpp}         # default LLM for generate entries that name none
     convert:  [{name: adp, source: adp, inputs: [samples/adp/agenttuning_os/sample_std.json]}]
     generate: [{name: rollout, method: rollout, env: retail, tasks: {n: 2}}]
+    decontaminate: {references: [bench.jsonl]}     # default: on when a task source has a test split
     filter:   {chain: [{name: ...}]}               # optional, applied to every dataset
     dedup:    {threshold: 0.8}                     # optional, applied to every dataset
     mix:      {weights: {adp: 1.0}, temperature: 1.0, seed: 0}   # optional: one mixed dataset
@@ -88,6 +89,23 @@ class FilterStage(BaseModel):
     chain: list[dict[str, Any]] = Field(min_length=1)
 
 
+class DecontamStage(BaseModel):
+    """Drop records that overlap benchmark test data (pipelines/decontam.py), before any other filter.
+
+    `enabled: auto` runs it when there is test data to check against: the test split of a task
+    source the run generates from (tau2, miniwob, jsonl with `metadata.split: test`), or a
+    `references` file."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool | Literal["auto"] = "auto"
+    references: list[str] = Field(default_factory=list, description="JSONL files of benchmark test items")
+    task_sources: bool = Field(True, description="check against the test splits of the run's task sources")
+    ngram: int = Field(13, ge=1)
+    threshold: float = Field(0.8, gt=0, le=1)
+    num_perm: int = Field(128, ge=8)
+    min_ngrams: int = Field(1, ge=1)
+
+
 class DedupStage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     threshold: float = 0.8
@@ -121,6 +139,7 @@ class Timeouts(BaseModel):
     dedup: float = 3600
     mix: float = 3600
     export: float = 3600
+    decontaminate: float = 3600
 
 
 class PipelineConfig(BaseModel):
@@ -129,12 +148,18 @@ class PipelineConfig(BaseModel):
     llm: dict[str, Any] | None = None
     convert: list[ConvertEntry] = Field(default_factory=list)
     generate: list[GenerateEntry] = Field(default_factory=list)
+    decontaminate: DecontamStage = Field(default_factory=DecontamStage)
     filter: FilterStage | None = None
     dedup: DedupStage | None = None
     mix: MixStage | None = None
     export: list[str | ExportEntry] = Field(default_factory=list)
     retries: int = Field(default=1, ge=0, le=5)
     timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @field_validator("decontaminate", mode="before")
+    @classmethod
+    def _decontaminate_switch(cls, v: Any) -> Any:
+        return {"enabled": v} if isinstance(v, bool) else v  # `decontaminate: false` turns it off
 
     @model_validator(mode="after")
     def _unique_names(self) -> "PipelineConfig":

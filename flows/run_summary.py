@@ -71,16 +71,24 @@ def print_run_summary(result: dict[str, Any]) -> None:
                           highlight=False)
         for key, n in reasons(s["counts"]).items():
             console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
+        report = s.get("report") if s["stage"] == "decontaminate" else None
+        if report:
+            refs = ", ".join(f"{source} ({n})" for source, n in report["references"].items())
+            console.print(f"  decontaminate {s['name']}: {report['dropped']} of {report['records_in']} records overlap "
+                          f"test data [{refs}]", highlight=False, markup=False)
+            for e in report["examples"][:3]:
+                console.print(f"    e.g. {e['id']} ~ {e['reference_source']} {e['reference']} ({e['kind']}): "
+                              f"{e['evidence']!r}", highlight=False, markup=False, soft_wrap=True)
     console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items()), highlight=False)
     for line in (line for s in stages for line in _endpoint_lines(s)):
         console.print(line, highlight=False)
     console.print("[bold]outputs[/]")
     for s in stages:
         if s["stage"] != "export":
-            console.print(f"  {s['stage']:8} {s['name']:24} {s['output']}", highlight=False)
+            console.print(f"  {s['stage']:13} {s['name']:24} {s['output']}", highlight=False)
     for s in stages:
         if s["stage"] == "export":
-            console.print(f"  export   {s['name']:24} {s['output']}  (README.md, plots/, data/*.parquet)",
+            console.print(f"  {'export':13} {s['name']:24} {s['output']}  (README.md, plots/, data/*.parquet)",
                           highlight=False)
     console.print(f"done in {result['seconds']:.1f}s; runs logged in {result['output']}/_runs.jsonl; "
                   "load an export with datasets.load_dataset('parquet', data_files='EXPORT/data/*.parquet'); "

@@ -5,7 +5,10 @@ environments (`self.envs`), loads the run's tasks once before the run starts, re
 from a started environment (an MCP server lists them), and closes what it opened at the end.
 Trajectories made in an environment record the same facts wherever they come from: the task
 (so step verification can replay it), the environment and its config, the episode's evaluation,
-and the task split in provenance.
+and the task split in provenance. Where a model plays the user (the LLM persona, the simulator's
+user), every user turn of every trajectory a task produced is checked against the task's scenario
+(`user.fidelity`, filters/user_fidelity.py) and the verdicts go to `details["user_fidelity"]`; an
+episode with a broken user turn is quarantined (stage "user") or, with `on_broken: mark`, kept.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from envs.base import Environment, Evaluation, Task
 from envs.spec import EnvFactory, EnvSpec
 from generators.agent import SYSTEM as AGENT_SYSTEM
 from generators.agent import AgentPolicy
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskSpec, llm_config_for
+from envs.users import MODEL_USERS
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec, llm_config_for
 from schemas.models import Step, Tool, Trajectory
 from schemas.store import Dataset
 
@@ -66,12 +70,24 @@ class EnvMethod(GenerationMethod):
         # One started environment held for the whole run: worlds that share resources between their
         # instances (an MCP server pool, a browser) keep them alive across episodes instead of restarting.
         self._anchor: Environment | None = None
+        # Set by setup(): whether a model plays the user (its turns are then checked), and the check's judge.
+        self._checks_users = False
+        self._user_kind: str | None = None
+        self._fidelity_judge: LLM | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------
 
     def prepare(self, output: Dataset) -> None:
         self.envs.output = Path(output.path)
         self.envs.judge = self.judge_model
+        fidelity = self.config.user.fidelity
+        if fidelity.judge and fidelity.judge_llm is not None and self._fidelity_judge is None:
+            cfg = fidelity.judge_llm
+            updates = {"ledger_path": str(Path(output.path) / "_fidelity_llm_ledger.jsonl")}
+            if self.config.cache and cfg.cache_path is None:
+                updates["cache_path"] = str(Path(output.path) / "_fidelity_llm_cache.sqlite")
+            self._fidelity_judge = make_llm(cfg.model_copy(update=updates))
+            self._role_llms.append(self._fidelity_judge)
 
     async def setup(self) -> None:
         """Start the run's anchor environment and read its tools and policy (an MCP server lists them)."""
@@ -81,6 +97,8 @@ class EnvMethod(GenerationMethod):
             self._anchor = anchor
             self._tools = anchor.tools()
             self._policy_text = anchor.policy
+            self._user_kind = anchor.user.kind if anchor.user is not None else None
+            self._checks_users = self.config.user.fidelity.check and self._user_kind in MODEL_USERS
 
     def role_llm(self, role: str, output: Dataset) -> LLM | None:
         """The model of `role` (a `RoleModel` field of the config), cached in `output`; None when unset.
@@ -99,6 +117,46 @@ class EnvMethod(GenerationMethod):
         finally:
             await self.teardown()
 
+    async def _safe_run(self, task: TaskSpec) -> TaskResult:
+        result = await super()._safe_run(task)
+        if self._checks_users:
+            try:
+                await self.check_users(result)
+            except Exception as exc:  # noqa: BLE001 - a judge that fails (LLMRequestError) quarantines the task
+                records = [t.model_dump(mode="json") for t in result.trajectories]
+                result = TaskResult(quarantined=result.quarantined, counts=result.counts)
+                result.fail(task.id, "user", f"user_fidelity: the check failed: {type(exc).__name__}: {exc}", records)
+        return result
+
+    async def check_users(self, result: TaskResult) -> None:
+        """Check the user turns of `result`'s trajectories; quarantine or mark those with a broken user."""
+        from filters.user_fidelity import check_user_turns, task_of, user_turns
+
+        fidelity = self.config.user.fidelity
+        judge = self._fidelity_judge or (self.judge_model if fidelity.judge else None)
+        kept: list[Trajectory] = []
+        for trajectory in result.trajectories:
+            if not user_turns(trajectory.steps):
+                kept.append(trajectory)
+                continue
+            task = task_of(trajectory)
+            # A simulated world's own user invents its facts with the world's; a persona has only its scenario's.
+            facts = self._user_kind != "simulated" or isinstance(task.metadata.get("user_scenario"), dict)
+            verdict = await check_user_turns(task, trajectory.steps, judge=judge, tools=trajectory.tools, facts=facts)
+            trajectory.details["user_fidelity"] = verdict.as_dict()
+            result.counts["user_fidelity:checked"] += 1
+            if verdict.ok:
+                kept.append(trajectory)
+                continue
+            result.counts["user_fidelity:broken"] += 1
+            result.counts[f"user_fidelity:{verdict.broken[0].label}"] += 1
+            if fidelity.on_broken == "mark":
+                kept.append(trajectory)
+            else:
+                result.fail(trajectory.provenance.task_id or trajectory.id, "user", f"user_fidelity: {verdict.reason}",
+                            trajectory.model_dump(mode="json"))
+        result.trajectories = kept
+
     async def teardown(self) -> None:
         """Release the anchor environment, the models the environments made and the role models."""
         anchor, self._anchor = self._anchor, None
@@ -109,6 +167,7 @@ class EnvMethod(GenerationMethod):
 
     async def close_role_llms(self) -> None:
         owned, self._role_llms = self._role_llms, []
+        self._fidelity_judge = None
         for llm in owned:
             await llm.aclose()
 

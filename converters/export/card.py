@@ -51,6 +51,14 @@ def filter_reasons(source: Path) -> dict[str, int]:
     return dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def source_decontamination(source: Path) -> dict[str, Any] | None:
+    """The decontamination report of the exported dataset, when the decontaminate stage wrote it."""
+    from schemas.store import Dataset
+
+    report = Dataset.open(source).manifest().get("decontamination")
+    return report if isinstance(report, dict) else None
+
+
 def front_matter(fmt_name: str) -> dict[str, Any]:
     return {
         "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*"}]}],
@@ -97,6 +105,7 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
             "failed trajectories": ("included" if report.include_failed else "left out") if fmt.supervised else "-",
         },
         "distributions": dists,
+        "decontamination": cfg.decontamination or (source_decontamination(source) if source is not None else None),
     }
 
 
@@ -188,6 +197,7 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
     if reasons:
         parts += ["## Filtered upstream", "", "Records the source dataset's filter or dedup stage dropped "
                   "(from its manifest).", "", _table(["filter: reason", "records"], [[k, n] for k, n in reasons.items()]), ""]
+    parts += _decontamination_section(data.get("decontamination"))
     if drawn:
         parts += ["## Plots", ""]
         parts += [f"![{title}]({path})\n" for title, path in drawn]
@@ -198,6 +208,28 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
         _table(["setting", "value"], [[k, v] for k, v in data["settings"].items()]), "",
     ]
     return "\n".join(parts)
+
+
+def _decontamination_section(report: dict[str, Any] | None) -> list[str]:
+    """What the decontaminate stage checked the data against and what it dropped."""
+    if not report:
+        return []
+    settings = report.get("settings") or {}
+    refs = ", ".join(f"{source} ({n:,})" for source, n in (report.get("references") or {}).items()) or "-"
+    out = ["## Decontamination", "",
+           f"Checked against benchmark test data: {refs}. A record was dropped when its task instruction equals or "
+           f"(MinHash Jaccard >= {settings.get('threshold', '-')}) resembles a test item's, or when its instruction "
+           f"or trajectory shares a {settings.get('ngram', '-')}-word n-gram with one.", "",
+           _table(["", "records"], [["checked", report.get("records_in", 0)], ["dropped", report.get("dropped", 0)],
+                                    *[[f"dropped: {k}", v] for k, v in (report.get("dropped_by_source") or {}).items()],
+                                    *[[f"dropped by: {k}", v] for k, v in (report.get("dropped_by_kind") or {}).items()]]),
+           ""]
+    examples = report.get("examples") or []
+    if examples:
+        out += ["Examples:", "", _table(["record", "test item", "match", "overlapping words"],
+                                        [[e["id"], f"{e['reference_source']} {e['reference']}", e["kind"],
+                                          e["evidence"].replace("|", "/")] for e in examples[:5]]), ""]
+    return out
 
 
 def _length_heading(fmt: str) -> list[str]:

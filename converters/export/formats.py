@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 import pyarrow as pa
 
+from converters.export.atif import atif_rows
 from converters.export.dpo import dpo_rows
 from converters.export.kto import kto_rows
 from converters.export.openai_chat import openai_rows
@@ -115,6 +116,8 @@ class Format:
     supervised: bool = False
     # A whole batch at once: (batch, opts, schema, selected) -> (reasons, rows, row owners).
     batch: Callable[..., Any] | None = None
+    # Trajectory columns the rows need beyond the exporter's default set (records.COLUMNS).
+    columns: tuple[str, ...] = ()
 
 
 FORMATS: dict[str, Format] = {
@@ -137,6 +140,9 @@ FORMATS: dict[str, Format] = {
         Format("tokenized", "trajectories", "parquet", tokenized_rows, _tokenized_schema,
                "Token ids and an exact `assistant_masks` from your tokenizer's chat template (TRL SFTTrainer, "
                "pre-tokenized).", supervised=True),
+        Format("atif", "trajectories", "jsonl", atif_rows, None,
+               "Harbor's Agent Trajectory Interchange Format (ATIF-v1.4): one trajectory per line, for ATIF viewers "
+               "and tools; `trajforge convert --source atif` reads it back.", columns=("details",)),
     ]
 }
 

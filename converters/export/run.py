@@ -66,6 +66,8 @@ class ExportConfig:
     max_length: int | None = None
     overwrite: bool = False
     duckdb_memory_limit: str = pair_join.DEFAULT_MEMORY_LIMIT
+    # What decontamination dropped upstream (the pipeline flow passes it; else the source's manifest has it).
+    decontamination: dict[str, Any] | None = None
 
 
 @dataclass
@@ -225,7 +227,8 @@ def _checked(batch: Batch, ds: Dataset) -> Batch:
 
 
 def _trajectory_inputs(fmt: Format, ds: Dataset) -> Iterator[Inputs]:
-    for arrow_batch in _read_ahead(ds.iter_batches("trajectories", columns=COLUMNS, batch_size=BATCH_ROWS)):
+    columns = COLUMNS + [c for c in fmt.columns if c not in COLUMNS]
+    for arrow_batch in _read_ahead(ds.iter_batches("trajectories", columns=columns, batch_size=BATCH_ROWS)):
         batch = _checked(Batch(arrow_batch), ds)
         makers: list[Any] = [None] * len(batch)
         if fmt.rows is not None:
@@ -366,8 +369,10 @@ def _measure(report: ExportReport, fmt: Format, opts: FormatOptions, table: pa.R
              lines: list[dict[str, Any]]) -> None:
     """Lengths (and KTO labels) of the rows just written, for the card."""
     if fmt.file_type == "jsonl":
-        tokens = approx_tokens(np.array([dict_chars(line["messages"]) for line in lines], dtype=np.int64))
-        per_column = {"messages": (tokens, np.array([len(line["messages"]) for line in lines], dtype=np.int64))}
+        key = "steps" if fmt.name == "atif" else "messages"
+        chars = [dict_chars(line[key]) if key == "messages" else len(json.dumps(line[key])) for line in lines]
+        tokens = approx_tokens(np.array(chars, dtype=np.int64))
+        per_column = {key: (tokens, np.array([len(line[key]) for line in lines], dtype=np.int64))}
     elif table is None or not table.num_rows:
         return
     elif fmt.name == "tokenized":

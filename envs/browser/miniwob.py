@@ -7,8 +7,12 @@
         tasks: [click-button, "click-check*"]   # names or glob patterns (default: all)
         exclude: ["*-nodelay"]                  # optional
         seeds: 3                                # seeds per task: seed, seed+1, ...
+        held_out_seeds: 3                       # test seeds per page that decontamination reads
 
-A task is one page and one seed (`miniwob/<page>/<seed>`). An episode opens the page, hides the
+A task is one page and one seed (`miniwob/<page>/<seed>`). Seeds from `TEST_SEED_BASE` (100000) on
+are the test split: generation refuses them unless `allow_test_split`, `split: test` starts there
+(`seed` counts from it), and decontamination reads the instructions of the first
+`held_out_seeds` test seeds of each page the config names. An episode opens the page, hides the
 display meant for people (reward box, timer, start cover), seeds the page's random numbers
 (`Math.seedrandom(seed)`), starts it (`core.startEpisodeReal()`) and reads the instruction
 (`core.getUtterance()`). The page's own timer would end an episode after 10 s, while a model
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from envs.base import EnvError, Evaluation, Task
 from envs.browser.server import serve_directory
-from envs.tasks import TaskFileError, TaskSourceConfig, register_task_source
+from envs.tasks import TEST_SPLIT, TaskFileError, TaskSourceConfig, register_held_out, register_task_source
 
 if TYPE_CHECKING:
     from envs.base import Environment
@@ -59,6 +63,10 @@ READERS = 4  # pages read at once when loading tasks
 READ_TIMEOUT_MS = 30_000
 STATE_JS = """() => typeof WOB_DONE_GLOBAL === 'undefined' ? null
   : [WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_GLOBAL, WOB_REWARD_REASON]"""
+# Seeds from here on are the test split: no training data from them by accident.
+TEST_SEED_BASE = 100_000
+HELD_OUT_SEEDS = 3
+_OPTIONS = {"tasks", "exclude", "seeds", "held_out_seeds"}
 # The state of an episode whose agent navigated away from the task page.
 LEFT_THE_PAGE: dict[str, Any] = {"done": False, "raw_reward": 0.0, "time_discounted_reward": 0.0,
                                  "reason": "the agent left the task page"}
@@ -201,27 +209,54 @@ async def _read(keys: list[tuple[str, int]], found: dict[tuple[str, int], str]) 
 
 def _task(page: str, seed: int, instruction: str) -> Task:
     return Task(id=task_id(page, seed), env="browser", instruction=instruction, params={"miniwob": page}, seed=seed,
-                goal={"type": "miniwob"}, metadata={"source": SOURCE, "miniwob_version": version()})
+                goal={"type": "miniwob"}, metadata={"source": SOURCE, "miniwob_version": version(),
+                                                    "split": TEST_SPLIT if seed >= TEST_SEED_BASE else "train"})
 
 
-@register_task_source(SOURCE)
-def miniwob_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None) -> Iterator[Task]:
+def _whole(options: dict[str, Any], name: str, default: int) -> int:
+    value = options.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TaskFileError(f"miniwob: options.{name} must be a whole number >= 1")
+    return value
+
+
+def _pages(config: TaskSourceConfig) -> list[str]:
     options = dict(config.options)
-    unknown = sorted(set(options) - {"tasks", "exclude", "seeds"})
+    unknown = sorted(set(options) - _OPTIONS)
     if unknown:
-        raise TaskFileError(f"miniwob: unknown option(s) {', '.join(unknown)} (known: tasks, exclude, seeds)")
+        raise TaskFileError(f"miniwob: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(_OPTIONS))})")
     patterns, exclude = options.get("tasks"), options.get("exclude")
     for name, value in (("tasks", patterns), ("exclude", exclude)):
         if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
             raise TaskFileError(f"miniwob: options.{name} must be a list of task names or patterns")
-    seeds = options.get("seeds", 1)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-        raise TaskFileError("miniwob: options.seeds must be a whole number >= 1 (seeds per task)")
-    keys = [(page, config.seed + k) for page in select_pages(patterns, exclude) for k in range(seeds)]
+    return select_pages(patterns, exclude)
+
+
+@register_task_source(SOURCE)
+def miniwob_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None) -> Iterator[Task]:
+    pages = _pages(config)
+    seeds = _whole(config.options, "seeds", 1)
+    if config.split not in (None, "train", TEST_SPLIT):
+        raise TaskFileError(f"miniwob: no split {config.split!r} (train: seeds below {TEST_SEED_BASE}, test: from it)")
+    first = config.seed + (TEST_SEED_BASE if config.split == TEST_SPLIT else 0)
+    keys = [(page, first + k) for page in pages for k in range(seeds)]
     if config.ids is not None:
         wanted = set(config.ids)
         keys = [k for k in keys if task_id(*k) in wanted]
     if config.n is not None:
         keys = keys[: config.n]
+    test = [task_id(*k) for k in keys if k[1] >= TEST_SEED_BASE]
+    if test and not config.allow_test_split:
+        raise TaskFileError(f"miniwob: {len(test)} task(s) of the test split (seeds from {TEST_SEED_BASE}: "
+                            f"{', '.join(test[:3])}{', ...' if len(test) > 3 else ''}); training data from test tasks "
+                            "is refused unless asked for (--allow-test-split, or tasks.allow_test_split: true)")
     for (page, seed), instruction in instructions(keys).items():
         yield _task(page, seed, instruction)
+
+
+@register_held_out(SOURCE)
+def miniwob_held_out(config: TaskSourceConfig, env_name: str) -> list[Task]:
+    """The first `held_out_seeds` test seeds of every page `config` names, with the instructions they show."""
+    keys = [(page, TEST_SEED_BASE + k) for page in _pages(config)
+            for k in range(_whole(config.options, "held_out_seeds", HELD_OUT_SEEDS))]
+    return [_task(page, seed, text) for (page, seed), text in instructions(keys).items()]

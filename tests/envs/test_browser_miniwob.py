@@ -16,7 +16,7 @@ from envs.browser.env import BrowserEnv
 from envs.browser.miniwob import MAX_TIMEOUT_MS
 from envs.browser.solvers import SOLVERS, parse_axtree
 from envs.spec import EnvFactory, EnvSpec
-from envs.tasks import TaskFileError, TaskSourceConfig, load_tasks
+from envs.tasks import TaskFileError, TaskSourceConfig, held_out_tasks, load_tasks
 from schemas.models import ApiAction
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "browser_miniwob.yaml"
@@ -50,6 +50,12 @@ def test_task_source_picks_pages_by_name_and_pattern(tasks: dict[str, Task]) -> 
     first = tasks["miniwob/click-test/3"]
     assert first.instruction == "Click the button." and first.seed == 3
     assert first.params == {"miniwob": "click-test"} and first.metadata["miniwob_version"]
+    assert first.metadata["split"] == "train"
+    # The test split (seeds from 100000) as decontamination reads it: the instructions of the first test seeds.
+    held_out = held_out_tasks(TaskSourceConfig(source="miniwob", options={"tasks": ["enter-text"],
+                                                                          "held_out_seeds": 2}), "browser")
+    assert [t.id for t in held_out or []] == ["miniwob/enter-text/100000", "miniwob/enter-text/100001"]
+    assert {t.metadata["split"] for t in held_out or []} == {"test"} and held_out[0].instruction.startswith('Enter "')
     texts = tasks["miniwob/enter-text/3"].instruction, tasks["miniwob/enter-text/4"].instruction
     assert texts[0].startswith('Enter "') and texts[0] != texts[1]
     # Same keys again: the instructions are not read twice, whatever selects them.
