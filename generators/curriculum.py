@@ -460,6 +460,7 @@ class Curriculum(EnvMethod):
     def _stub(self, task: Task, spec: TaskSpec, steps: list[Step], evolution: dict[str, Any]) -> Trajectory:
         """The record of a variant that was not kept: its task, the solution's steps and the checks' verdicts."""
         shown = steps or [TextObservation(content=task.instruction, source="user")]
-        traj = self.trajectory(task, "", shown, None, parents=[spec.payload["parent"]], evolution=evolution)
+        traj = self.trajectory(task, "", shown, None, parents=[spec.payload["parent"]], evolution=evolution,
+                               **self.scripted(shown, "the evolved task's solution, run by the evolution check"))
         return traj.model_copy(update={"id": f"{self.name}/{spec.id}/g{spec.payload['generation']}/check"})
 

@@ -67,7 +67,7 @@ from generators.agent import AgentPolicy
 from generators.base import MAX_TASKS, MethodConfig, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
-from schemas.models import ApiAction, Step, Trajectory
+from schemas.models import ApiAction, Step, Trajectory, is_system_step
 from schemas.store import Dataset
 
 TASKS_FILE = "tasks.jsonl"
@@ -469,7 +469,8 @@ class SelfChallenging(EnvMethod):
             return
         reason, checks, solution_steps = await self._validate(challenge, env_task)
         if reason is not None:
-            result.reject(self.trajectory(env_task, "", solution_steps, None, challenge=record, checks=checks),
+            result.reject(self.trajectory(env_task, "", solution_steps, None, challenge=record, checks=checks,
+                                          **self.scripted(solution_steps, "the challenger's solution, run by the check")),
                           "challenge_check", reason)
             result.counts["challenges_rejected"] += 1
             return
@@ -486,7 +487,7 @@ class SelfChallenging(EnvMethod):
         match = self._dedup.match(task.instruction, exclude=task.id) if self._dedup is not None else None
         if match is None:
             return False
-        stub = self.trajectory(task, "", [], None, challenge=record, checks=checks)
+        stub = self.trajectory(task, "", [], None, challenge=record, checks=checks, **self.scripted([], ""))
         result.reject(stub, "dedup", f"near-duplicate task: of {match[0]} (similarity {match[1]})")
         result.counts["challenges_duplicate"] += 1
         return True
@@ -500,12 +501,12 @@ class SelfChallenging(EnvMethod):
 
     def _exploration_text(self, steps: list[Step]) -> str:
         lines = []
-        for step in steps[1:]:  # after the challenger's own instructions
+        for step in steps:  # the challenger's own instructions (system and user text) are not results
             if step.kind == "api":
                 lines.append(f"CALL {json.dumps({'name': step.function, 'arguments': step.arguments})}")
             elif step.kind == "message":
                 lines.append(f"NOTE {step.content}")
-            elif step.kind == "text" and step.source == "environment":
+            elif step.kind == "text" and step.source == "environment" and not is_system_step(step):
                 lines.append(f"RESULT {_truncate(step.content, self.config.max_observation_chars)}")
         return "\n".join(lines)
 
