@@ -59,7 +59,8 @@ class Proposal:
     error: str | None = None
 
 
-def agent_settings(mode: Literal["tools", "text"] = "tools", max_history_chars: int = MAX_HISTORY_CHARS) -> RenderSettings:
+def agent_settings(mode: Literal["tools", "text"] = "tools",
+                   max_history_chars: int = MAX_HISTORY_CHARS) -> RenderSettings:
     """How an agent policy renders its prompts: pages and the history window cut at `max_history_chars`,
     earlier reasoning not sent again."""
     return RenderSettings(tool_format=mode, web_max_chars=max_history_chars, history_chars=max_history_chars,

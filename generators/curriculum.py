@@ -326,9 +326,10 @@ class Curriculum(EnvMethod):
     async def _solved_transcript(self, seed: Task) -> tuple[str, Any]:
         """The seed's reference solution replayed in the world (text for the writer), and the world's state before it."""
         async with self.make_env() as env:
+            # First: a world may find its reference by solving an episode of its own (a browser's solver).
+            actions = await env.reference_solution(seed)
             await env.reset(seed)
             state = env_state(env) if callable(getattr(env, "state", None)) else None
-            actions = await env.reference_solution(seed)
             if not actions:
                 return "(no reference solution is known)", state
             steps = list(env.history)

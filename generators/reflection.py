@@ -256,8 +256,8 @@ class Reflection(EnvMethod):
         moved = [new for new, old in proposer.replayed
                  if steps[new].train and request_for(steps[:new], ours) != request_for(recording.steps[:old], theirs)]
         if moved:
-            out.append(Rewrite(steps=moved, kind="context", reason=f"replayed from {recording.id}, whose history before "
-                                                                   "them differs").model_dump())
+            out.append(Rewrite(steps=moved, kind="context",
+                               reason=f"replayed from {recording.id}, whose history before them differs").model_dump())
         return out
 
     async def run_task(self, spec: TaskSpec) -> TaskResult:

@@ -90,9 +90,10 @@ def text_message(message: dict[str, Any]) -> dict[str, Any]:
     if message["role"] == "tool":
         return {"role": "user", "content": f"TOOL: {message['content']}"}
     if message.get("tool_calls"):
+        # Arguments in one spelling whatever JSON text they were stored as (the batch keeps it compact).
         calls = "".join(
             f'<tool_call>{{"name": {orjson.dumps(c["function"]["name"]).decode()}, '
-            f'"arguments": {c["function"]["arguments"]}}}</tool_call>'
+            f'"arguments": {json.dumps(json.loads(c["function"]["arguments"]), ensure_ascii=False)}}}</tool_call>'
             for c in message["tool_calls"]
         )
         return {"role": "assistant", "content": f"{message.get('content') or ''}\n{calls}".strip()}

@@ -81,8 +81,8 @@ def lists(rendered: Rendered, index_lists: list[list[int]], list_type: pa.ListTy
     lengths = np.fromiter((len(x) for x in index_lists), dtype=np.int64, count=len(index_lists))
     offsets = np.r_[0, np.cumsum(lengths)]
     indices = np.fromiter((m for x in index_lists for m in x), dtype=np.int64, count=int(offsets[-1]))
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), rendered.to_arrow(list_type.value_type, indices),
-                                    type=list_type)
+    values = rendered.to_arrow(list_type.value_type, indices)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=list_type)
 
 
 # Rows of some of a batch's trajectories: (each row's trajectory, its segment number, its columns).

@@ -73,7 +73,8 @@ def test_rollout_on_the_shop_stores_web_observations_with_screenshots(shop_rollo
     (traj,) = Dataset.open(shop_rollout).iter_records()
     assert traj.id == "rollout/order-socks#0" and traj.success and traj.reward == 1.0
     # The agent's system prompt opens the record, then the request.
-    assert traj.steps[0].name == "system" and traj.steps[1].content == SOCKS and traj.details["env"]["name"] == "browser"
+    assert traj.steps[0].name == "system" and traj.steps[1].content == SOCKS
+    assert traj.details["env"]["name"] == "browser"
     assert [r["passed"] for r in traj.details["evaluation"]["details"]["checks"]] == [True, True, True]
     _assert_pages_stored(shop_rollout, traj)
     assert traj.steps[-3].url.endswith("thanks.html?name=Ada") and "Order placed" in traj.steps[-3].axtree

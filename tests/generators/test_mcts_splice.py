@@ -47,7 +47,8 @@ def test_spliced_masks_are_exact(result):
     assert t.steps[2].kind == "api" and t.steps[2].function == "cancel_pending_order"
     assert isinstance(t.steps[4], MessageAction) and t.steps[4].extra == {"kind": "revision"} and t.steps[4].train
     # What the agent's requests did not produce as recorded: the revision, and n1's continuation.
-    assert t.details["rewrites"][0] == {"steps": [4], "kind": "written", "reason": "the revision thought (template), spliced in"}
+    assert t.details["rewrites"][0] == {"steps": [4], "kind": "written",
+                                        "reason": "the revision thought (template), spliced in"}
     assert t.details["rewrites"][1]["kind"] == "context" and t.details["rewrites"][1]["steps"] == [5, 7, 9, 11]
     assert [s.function for s in t.steps if s.kind == "api" and s.train] == [
         "find_user_id_by_name_zip", "get_order_details", "cancel_pending_order"]

@@ -208,7 +208,8 @@ def test_kept_trajectories_start_with_their_tutorials_goal(run: dict[str, Any]) 
     assert socks.details["success_source"] == "judge" and socks.details["judge"]["model"] == "openai:fake-judge"
     # A public URL of the site opened the served copy.
     price = run["kept"]["tiny-shop-find-a-price"]
-    assert price.details["spec"]["start"] == {"start_url": "/index.html"} and price.steps[2].url.startswith("http://127.0.0.1")
+    assert price.details["spec"]["start"] == {"start_url": "/index.html"}
+    assert price.steps[2].url.startswith("http://127.0.0.1")
     login = run["kept"]["miniwob-login-form"]
     assert login.details["spec"]["start"] == {"miniwob": "login-user"} and login.details["success_source"] == "env"
     assert login.reward == 1.0 and login.details["evaluation"]["reason"].startswith("MiniWoB reward +1")
