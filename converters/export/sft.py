@@ -85,6 +85,17 @@ def lists(rendered: Rendered, index_lists: list[list[int]], list_type: pa.ListTy
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=list_type)
 
 
+def _empty(data_type: pa.DataType) -> pa.Array:
+    """An empty array of any type (`pa.array([], type)` cannot make extension types such as `arrow.json`)."""
+    if isinstance(data_type, pa.BaseExtensionType):
+        return pa.ExtensionArray.from_storage(data_type, _empty(data_type.storage_type))
+    if pa.types.is_struct(data_type):
+        return pa.StructArray.from_arrays([_empty(f.type) for f in data_type], fields=list(data_type))
+    if pa.types.is_list(data_type):
+        return pa.ListArray.from_arrays(pa.array([0], pa.int32()), _empty(data_type.value_type), type=data_type)
+    return pa.array([], data_type)
+
+
 # Rows of some of a batch's trajectories: (each row's trajectory, its segment number, its columns).
 _Part = tuple[np.ndarray, np.ndarray, dict[str, pa.Array]]
 
@@ -197,7 +208,7 @@ def sft_batch(batch: Batch, opts: FormatOptions, schema: pa.Schema,
         columns = {name: pa.concat_arrays([p[2][name] for p in parts]) for name in names}
     else:
         owner, segment = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        columns = {name: pa.array([], schema.field(name).type) for name in names}
+        columns = {name: _empty(schema.field(name).type) for name in names}
     order = np.lexsort((segment, owner))
     if len(parts) > 1 or not np.array_equal(order, np.arange(len(order))):
         owner, segment = owner[order], segment[order]
