@@ -19,7 +19,7 @@ prompt is the messages the model was sent, message for message.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import orjson
 
@@ -60,29 +60,35 @@ def _size(content: Any) -> int:
     return len(str(content or ""))
 
 
-def window(sizes: Sequence[int], roles: Sequence[int | str], limit: int | None) -> list[int]:
-    """Positions kept of a history without its system message: the first (the task) and as many of
-    the most recent as fit in `limit` characters of content; a kept tail never starts on a tool answer."""
+def window(sizes: Sequence[int], is_tool: Callable[[int], bool], limit: int | None) -> list[int]:
+    """Positions kept of a history without its system message (`sizes`: each message's content length;
+    `is_tool(i)`: whether message i answers a tool call): the first (the task) and as many of the most
+    recent as fit in `limit` characters of content; a kept tail never starts on a tool answer."""
     n = len(sizes)
-    if limit is None or n == 0 or sum(sizes) <= limit:
-        return list(range(n))
     size = sum(sizes)
+    if limit is None or size <= limit:
+        return list(range(n))
     start = 1
     while start < n and size > limit:
         size -= sizes[start]
         start += 1
     # Never start on a tool answer whose call was dropped (templates reject orphans).
-    while start < n and roles[start] in (TOOL, "tool"):
+    while start < n and is_tool(start):
         start += 1
     return [0, *range(start, n)]
 
 
 def request(history: list[dict[str, Any]], settings: RenderSettings) -> list[dict[str, Any]]:
-    """The messages sent for a rendered history (system message first where it has one)."""
-    system = history[:1] if history and history[0]["role"] == "system" else []
-    rest = history[len(system):]
-    kept = window([_size(m.get("content")) for m in rest], [m["role"] for m in rest], settings.history_chars)
-    return system + [rest[i] for i in kept]
+    """The messages sent for a rendered history (system message first where it has one).
+
+    Called for every model call: a history that fits the window is returned as it is."""
+    start = 1 if history and history[0]["role"] == "system" else 0
+    rest = history[start:]
+    sizes = [len(str(m.get("content") or "")) for m in rest]
+    if settings.history_chars is None or sum(sizes) <= settings.history_chars:
+        return history
+    kept = window(sizes, lambda i: rest[i]["role"] == "tool", settings.history_chars)
+    return history[:start] + [rest[i] for i in kept]
 
 
 def request_positions(conv: Conversation, k: int, settings: RenderSettings) -> list[int]:
@@ -91,7 +97,7 @@ def request_positions(conv: Conversation, k: int, settings: RenderSettings) -> l
     idx = conv.idx
     system = [0] if k > 0 and roles[idx[0]] == SYSTEM else []
     rest = range(len(system), k)
-    kept = window([_size(content[idx[p]]) for p in rest], [roles[idx[p]] for p in rest], settings.history_chars)
+    kept = window([_size(content[idx[p]]) for p in rest], lambda i: roles[idx[rest[i]]] == TOOL, settings.history_chars)
     return system + [rest[i] for i in kept]
 
 
