@@ -238,6 +238,7 @@ class FakeServer:
             payload["prompt_logprobs"] = prompt_logprobs(messages, float(value))
         if entry["outcome"] == "pending":
             entry["outcome"] = "truncated" if truncated else "ok"
+        entry["answers"] = [c["message"] for c in choices]  # what was answered, for checks against records
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     # ---- in-process lifecycle -----------------------------------------------------------------

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from backends.base import LLM
 from filters.vision import PageImages
-from schemas.models import ImageRef, Step, Trajectory, WebObservation
+from schemas.models import ImageRef, Step, Trajectory, WebObservation, is_system_step
 
 ACTION_KINDS = ("api", "code", "message")
 PAGE_CHARS = 6000  # of a page's text before and after a judged step
@@ -73,9 +73,9 @@ def action_indices(steps: Sequence[Step]) -> list[int]:
 
 
 def task_text(steps: Sequence[Step]) -> str:
-    """The task as the agent got it: the first observation that is not the agent's."""
+    """The task as the agent got it: the first observation that is not the agent's (nor its system prompt)."""
     for s in steps:
-        if s.kind == "text" and s.source != "agent":
+        if s.kind == "text" and s.source != "agent" and not is_system_step(s):
             return s.content
         if s.kind in ACTION_KINDS:
             break
@@ -169,8 +169,11 @@ async def judge_trajectory(llm: LLM, steps: Sequence[Step], indices: Sequence[in
 
 
 def numbered_path(steps: Sequence[Step]) -> str:
+    """The steps as numbered lines; the agent's system prompt is left out (indices stay the steps')."""
     lines = []
     for i, s in enumerate(steps):
+        if is_system_step(s):
+            continue
         tag = f"[{i}] AGENT" if s.kind in ACTION_KINDS else "    SEEN"
         lines.append(f"{tag}: {describe(s, PATH_PAGE_CHARS)}")
     return "\n".join(lines)

@@ -25,10 +25,17 @@ def export(
     reasoning: Annotated[Optional[bool], typer.Option(
         "--reasoning/--drop-reasoning",
         help="Keep reasoning as `reasoning_content` (default: kept, except for openai).")] = None,
-    web_max_chars: Annotated[int, typer.Option(help="Truncate web page text (axtree/html) to this many chars.")] = 20_000,
+    web_max_chars: Annotated[int, typer.Option(
+        help="Truncate web page text (axtree/html) to this many chars (generated records keep the limit their "
+             "model saw).")] = 20_000,
     sft_layout: Annotated[str, typer.Option(
         help="trl-sft layout: prompt-completion (one row per trainable segment; masked steps only ever in a prompt) "
              "or messages (per-message train flags, which TRL does not read).")] = "prompt-completion",
+    history: Annotated[str, typer.Option(
+        help="What rows of generated trajectories are conditioned on: request (exactly the request that produced "
+             "each trained message: its system prompt, history window, pages as sent) or full (the whole history "
+             "before it). Records that do not say how their prompts were rendered always get the full history.")
+    ] = "request",
     kto_mode: Annotated[str, typer.Option(
         help="trl-kto rows: auto (steps where step labels exist, else turns), steps (labelled assistant messages), "
              "turns (every assistant message, labelled by success), trajectory (one multi-turn completion).")] = "auto",
@@ -53,7 +60,8 @@ def export(
 
     try:
         cfg = ExportConfig(format=format, shard_rows=shard_rows, mix=parse_mix(mix), seed=seed, reasoning=reasoning,
-                           web_max_chars=web_max_chars, sft_layout=sft_layout, kto_mode=kto_mode, dpo_level=dpo_level,
+                           web_max_chars=web_max_chars, sft_layout=sft_layout, history=history, kto_mode=kto_mode,
+                           dpo_level=dpo_level,
                            include_failed=include_failed, tokenizer=tokenizer, max_length=max_length,
                            overwrite=overwrite)
     except MixError as exc:

@@ -3,7 +3,9 @@
 Every method acts through it: rollout, tutorial replay, self-challenging rollouts, reflection
 continuations, MCTS rollouts, curriculum attempts. `play_episode` starts a fresh episode;
 `continue_episode` goes on from wherever the environment is (a restored checkpoint), with the
-history that led there. A trajectory always starts with the user's request.
+history that led there. A trajectory always starts with the policy's system step (the system
+prompt the model receives, `guidance` included: `opened`), then the user's request. The
+environment never sees the system step: it is the agent's, not the world's.
 
 Tool call ids are positional (`call_<step index>`): equal paths have equal content, and a
 re-run sends the model byte-identical prompts (cache hits) whatever ids a server invented.
@@ -30,7 +32,7 @@ from typing import Any, Protocol, Sequence
 
 from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, StepResult, Task, checkpoint
 from generators.agent import TRUNCATED, Proposal
-from schemas.models import Action, Step, TextObservation
+from schemas.models import Action, Step, TextObservation, is_system_step
 
 PARSE_ERROR = (
     "Error: your last answer could not be read as an action ({error}). Reply with one short thought and "
@@ -41,7 +43,17 @@ PARSE_ERROR = (
 class Proposer(Protocol):
     """What acts: an agent policy, or anything that proposes next actions the same way."""
 
-    async def propose(self, history: list[Step], *, n: int = 1, guidance: str | None = None) -> list[Proposal]: ...
+    def system_step(self, guidance: str | None = None) -> TextObservation: ...
+
+    async def propose(self, history: list[Step], *, n: int = 1) -> list[Proposal]: ...
+
+
+def opened(policy: Proposer, history: Sequence[Step], guidance: str | None = None) -> list[Step]:
+    """`history` opening with the policy's system step (added when it has none)."""
+    steps = list(history)
+    if not steps or not is_system_step(steps[0]):
+        steps.insert(0, policy.system_step(guidance))
+    return steps
 
 
 @dataclass
@@ -155,9 +167,8 @@ async def play_episode(
 ) -> Episode:
     """A fresh episode of `task` in which `policy` takes up to `max_steps` actions."""
     opening = await env.reset(task)
-    return await continue_episode(env, policy, list(opening), max_steps=max_steps,
-                                  max_parse_failures=max_parse_failures, guidance=guidance, evaluate=evaluate,
-                                  reviewer=reviewer)
+    return await continue_episode(env, policy, opened(policy, opening, guidance), max_steps=max_steps,
+                                  max_parse_failures=max_parse_failures, evaluate=evaluate, reviewer=reviewer)
 
 
 async def continue_episode(
@@ -168,17 +179,18 @@ async def continue_episode(
     max_steps: int,
     actions_taken: int = 0,
     max_parse_failures: int = 3,
-    guidance: str | None = None,
     evaluate: bool = True,
     reviewer: Reviewer | None = None,
 ) -> Episode:
-    """`policy` acts from the env's current state, which `history` led to, until `max_steps` actions in all."""
-    steps = list(history)
+    """`policy` acts from the env's current state, which `history` led to, until `max_steps` actions in all.
+
+    A history without a system step gets the policy's."""
+    steps = opened(policy, history)
     episode = Episode(steps=steps, evaluation=None, stop_reason="max_steps", actions=actions_taken)
     if env.done:
         episode.stop_reason = "done"
     while not episode.done and episode.actions < max_steps:
-        proposal = (await policy.propose(steps, guidance=guidance))[0]
+        proposal = (await policy.propose(steps))[0]
         if proposal.action is None:
             episode.parse_failures += 1
             error = proposal.error or "no action"

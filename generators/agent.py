@@ -7,6 +7,12 @@ backend all return `tool_calls`), `text` asks for a ReAct-style turn (thought, t
 A proposal that cannot be parsed is returned as such, with the raw text, so callers can
 count it as a failed step instead of crashing.
 
+What the model is sent is a pure function of the history and the policy's `RenderSettings`
+(`converters.export.request.request`, the function exporters rebuild requests with): a history
+opens with the policy's system step (`system_step`: its instructions, the environment's policy, a
+method's guidance, in text mode the tools), which the renderer hoists into the system message; a
+history without one gets the policy's. The tools go out as the specs the trajectory records.
+
 Prompts are rendered incrementally: episodes and search trees ask about histories that extend
 one already shown (the same step objects plus a few new ones), so the policy keeps the rendered
 messages of recent histories and renders only the new steps. Histories are append-only: a step
@@ -23,24 +29,24 @@ import orjson
 
 from backends.base import LLM
 from backends.types import Completion
-from converters.export.render import RenderOptions, messages, render
-from generators.transcript import TranscriptError, parse_assistant, strip_reasoning, tools_block
-from schemas.models import ApiAction, MessageAction, Step, Tool, Trajectory
+from converters.export.render import RenderOptions, messages, render, text_message
+from converters.export.request import TEXT_FORMAT, request, system_prompt  # noqa: F401 - TEXT_FORMAT: methods hash it
+from converters.export.tools import function_spec
+from generators.transcript import TranscriptError, parse_assistant, strip_reasoning
+from schemas.models import (ApiAction, MessageAction, RenderSettings, Step, TextObservation, Tool, Trajectory,
+                            is_system_step, system_step)
 
 ACTION_KINDS = ("api", "code", "message")
 # The start of a Proposal error for an answer cut short; episodes count failed steps by it.
 TRUNCATED = "truncated answer"
 RENDER_CACHE_SIZE = 512
+# The history window and page limit of agent prompts, in characters.
+MAX_HISTORY_CHARS = 12_000
 
 SYSTEM = (
     "You are an agent that completes the user's task by calling the available tools. "
     "Think briefly, then call one tool at a time; when the task is done (or cannot be done), "
     "reply to the user without calling a tool."
-)
-TEXT_FORMAT = (
-    "Reply with one short thought, then either exactly one\n"
-    '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>\n'
-    "or, when you are finished, your final answer to the user with no tool call."
 )
 
 
@@ -53,18 +59,17 @@ class Proposal:
     error: str | None = None
 
 
+def agent_settings(mode: Literal["tools", "text"] = "tools",
+                   max_history_chars: int = MAX_HISTORY_CHARS) -> RenderSettings:
+    """How an agent policy renders its prompts: pages and the history window cut at `max_history_chars`,
+    earlier reasoning not sent again."""
+    return RenderSettings(tool_format=mode, web_max_chars=max_history_chars, history_chars=max_history_chars,
+                          reasoning=False)
+
+
 def openai_tools(tools: list[Tool]) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": t.name,
-                "description": t.description or "",
-                "parameters": t.parameters or {"type": "object", "properties": {}},
-            },
-        }
-        for t in tools
-    ]
+    """The tools as sent: the specs exporters write for the trajectory's tools (so rows carry them as sent)."""
+    return [{"type": "function", "function": function_spec(t.name, t.description, t.parameters)} for t in tools]
 
 
 class AgentPolicy:
@@ -78,7 +83,7 @@ class AgentPolicy:
         mode: Literal["tools", "text"] = "tools",
         system: str = SYSTEM,
         temperature: float | None = None,
-        max_history_chars: int = 12_000,
+        max_history_chars: int = MAX_HISTORY_CHARS,
     ) -> None:
         self.llm = llm
         self.tools = tools
@@ -87,25 +92,32 @@ class AgentPolicy:
         self.system = system
         self.temperature = temperature
         self.max_history_chars = max_history_chars
+        self.settings = agent_settings(mode, max_history_chars)
+        # Cached in the tools format: `_extensible` sees pending calls there; text mode converts after.
         self._rendered = _RenderCache(RenderOptions(reasoning=False, web_max_chars=max_history_chars))
+        self._system_steps: dict[str | None, TextObservation] = {}
 
-    def prompt(self, history: list[Step], guidance: str | None = None) -> list[dict[str, Any]]:
-        system = self.system
-        if guidance:
-            system = f"{system}\n\n{guidance}"
-        if self.mode == "text":
-            system = f"{system}\n\nTools (JSON, one per line):\n{tools_block(self.tools)}\n\n{TEXT_FORMAT}"
-        history_msgs = self._rendered.messages(history)
-        if self.mode == "text":
-            history_msgs = [text_message(m) for m in history_msgs]
-        # A hoisted system turn from the history joins ours: chat templates take one system message.
-        if history_msgs and history_msgs[0]["role"] == "system":
-            system = f"{system}\n\n{history_msgs.pop(0)['content']}"
-        return [{"role": "system", "content": system}, *_trim(history_msgs, self.max_history_chars)]
+    def system_step(self, guidance: str | None = None) -> TextObservation:
+        """The step that opens this policy's histories: the system prompt it sends (with `guidance`, a
+        method's words for one episode). One object per guidance, so cached renders stay reusable."""
+        step = self._system_steps.get(guidance)
+        if step is None:
+            step = system_step(system_prompt(self.system, self.tools, self.mode, guidance))
+            self._system_steps[guidance] = step
+        return step
 
-    async def propose(self, history: list[Step], *, n: int = 1, guidance: str | None = None) -> list[Proposal]:
+    def prompt(self, history: list[Step]) -> list[dict[str, Any]]:
+        """The messages sent for `history` (`converters.export.request.request` of its render)."""
+        if not history or not is_system_step(history[0]):
+            history = [self.system_step(), *history]
+        rendered = self._rendered.messages(history)
+        if self.mode == "text":
+            rendered = [text_message(m) for m in rendered]
+        return request(rendered, self.settings)
+
+    async def propose(self, history: list[Step], *, n: int = 1) -> list[Proposal]:
         """n candidate next actions (distinct samples: each is its own cache entry)."""
-        msgs = self.prompt(history, guidance)
+        msgs = self.prompt(history)
         params: dict[str, Any] = {}
         if self.temperature is not None:
             params["temperature"] = self.temperature
@@ -201,36 +213,3 @@ def _pinned_call_id(step: Step, index: int) -> Step:
     if step.kind == "api" and not step.tool_call_id:
         return step.model_copy(update={"tool_call_id": f"call_{index}"})
     return step
-
-
-def text_message(message: dict[str, Any]) -> dict[str, Any]:
-    """Chat messages without tool roles, for servers that have no function calling."""
-    if message["role"] == "tool":
-        return {"role": "user", "content": f"TOOL: {message['content']}"}
-    if message.get("tool_calls"):
-        calls = "".join(
-            f'<tool_call>{{"name": {orjson.dumps(c["function"]["name"]).decode()}, "arguments": {c["function"]["arguments"]}}}</tool_call>'
-            for c in message["tool_calls"]
-        )
-        return {"role": "assistant", "content": f"{message.get('content') or ''}\n{calls}".strip()}
-    return {"role": message["role"], "content": message.get("content") or ""}
-
-
-def _trim(history: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """Keep the first message (the task) and as many recent ones as fit in `limit` characters."""
-    if not history:
-        return history
-    size = sum(len(str(m.get("content") or "")) for m in history)
-    if size <= limit:
-        return history
-    head, tail = history[:1], history[1:]
-    while tail and size > limit:
-        dropped = tail.pop(0)
-        size -= len(str(dropped.get("content") or ""))
-    # Never start on a tool answer whose call was dropped (templates reject orphans).
-    while tail and tail[0]["role"] == "tool":
-        tail.pop(0)
-    return head + tail
-
-
-

@@ -332,9 +332,10 @@ class Curriculum(EnvMethod):
     async def _solved_transcript(self, seed: Task) -> tuple[str, Any]:
         """The seed's reference solution replayed in the world (text for the writer), and the world's state before it."""
         async with self.make_env() as env:
+            # First: a world may find its reference by solving an episode of its own (a browser's solver).
+            actions = await env.reference_solution(seed)
             await env.reset(seed)
             state = env_state(env) if callable(getattr(env, "state", None)) else None
-            actions = await env.reference_solution(seed)
             if not actions:
                 return "(no reference solution is known)", state
             steps = list(env.history)
@@ -466,6 +467,7 @@ class Curriculum(EnvMethod):
     def _stub(self, task: Task, spec: TaskSpec, steps: list[Step], evolution: dict[str, Any]) -> Trajectory:
         """The record of a variant that was not kept: its task, the solution's steps and the checks' verdicts."""
         shown = steps or [TextObservation(content=task.instruction, source="user")]
-        traj = self.trajectory(task, "", shown, None, parents=[spec.payload["parent"]], evolution=evolution)
+        traj = self.trajectory(task, "", shown, None, parents=[spec.payload["parent"]], evolution=evolution,
+                               **self.scripted(shown, "the evolved task's solution, run by the evolution check"))
         return traj.model_copy(update={"id": f"{self.name}/{spec.id}/g{spec.payload['generation']}/check"})
 

@@ -5,7 +5,10 @@ environments (`self.envs`), loads the run's tasks once before the run starts, re
 from a started environment (an MCP server lists them), and closes what it opened at the end.
 Trajectories made in an environment record the same facts wherever they come from: the task
 (so step verification can replay it), the environment and its config, the episode's evaluation,
-and the task split in provenance. Where a model plays the user (the LLM persona, the simulator's
+the task split in provenance, and what the acting model saw: the system step first, the tools as
+sent, the render settings of its prompts (`details["render"]`), and the steps a method rewrote
+(`details["rewrites"]`, `schemas.models.Rewrite`).
+Where a model plays the user (the LLM persona, the simulator's
 user), every user turn of every trajectory a task produced is checked against the task's scenario
 (`user.fidelity`, filters/user_fidelity.py) and the verdicts go to `details["user_fidelity"]`; an
 episode with a broken user turn is quarantined (stage "user") or, with `on_broken: mark`, kept.
@@ -23,10 +26,10 @@ from backends.registry import make_llm
 from envs.base import Environment, Evaluation, Task
 from envs.spec import EnvFactory, EnvSpec
 from generators.agent import SYSTEM as AGENT_SYSTEM
-from generators.agent import AgentPolicy
 from envs.users import MODEL_USERS
+from generators.agent import AgentPolicy, agent_settings
 from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec, llm_config_for
-from schemas.models import Step, Tool, Trajectory
+from schemas.models import RenderSettings, Rewrite, Step, Tool, Trajectory
 from schemas.store import Dataset
 
 
@@ -194,6 +197,10 @@ class EnvMethod(GenerationMethod):
             return f"{AGENT_SYSTEM}\n\n# Policy\n{self._policy_text}"
         return AGENT_SYSTEM
 
+    def render_settings(self) -> RenderSettings:
+        """How the agent's prompts are rendered (`policy()`), recorded in every trajectory's `details["render"]`."""
+        return agent_settings(self.config.agent_mode)
+
     def policy(self, temperature: float | None = None, *, llm: Any = None) -> AgentPolicy:
         t = self.config.agent_temperature if temperature is None else temperature
         return AgentPolicy(llm or self.llm, self.tools, mode=self.config.agent_mode, temperature=t,
@@ -201,9 +208,20 @@ class EnvMethod(GenerationMethod):
 
     # ---- records --------------------------------------------------------------------------------
 
+    @staticmethod
+    def scripted(steps: list[Step], reason: str) -> dict[str, Any]:
+        """Details of a record whose actions no model chose (a task's solution run by a check): no render
+        settings, every action declared written."""
+        actions = [i for i, s in enumerate(steps) if s.kind in ("api", "code", "message")]
+        return {"render": None, "rewrites": [Rewrite(steps=actions, kind="written", reason=reason).model_dump()]
+                if actions else []}
+
     def trajectory(self, task: Task, key: str, steps: list[Step], evaluation: Evaluation | None, *,
                    parents: Iterable[str] = (), seed: int | None = None, **details: Any) -> Trajectory:
-        """A trajectory of `task` (id `<method>/<task id><key>`) with what every env record carries."""
+        """A trajectory of `task` (id `<method>/<task id><key>`) with what every env record carries.
+
+        `steps` open with the agent's system step (the episode loop puts it there); `details["render"]`
+        says how its prompts were rendered from them, so exporters rebuild each request exactly."""
         reward = evaluation.reward if evaluation is not None else None
         split = task.metadata.get("split")
         return Trajectory(
@@ -219,5 +237,5 @@ class EnvMethod(GenerationMethod):
                      "env_config": self.config.env_config,
                      **({"split": split} if split else {}),
                      **({"evaluation": evaluation.as_dict()} if evaluation is not None else {}),
-                     **details},
+                     "render": self.render_settings().model_dump(), **details},
         )

@@ -30,7 +30,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, Task, checkpoint, restore
-from generators._episode import act, continue_episode
+from generators._episode import act, continue_episode, opened
 from generators.agent import AgentPolicy
 from schemas.models import Action, Step
 
@@ -166,7 +166,7 @@ class MCTS:
     async def search(self, task: Task) -> Tree:
         try:
             env = await self.pool.acquire()
-            opening = list(await env.reset(task))
+            opening = opened(self.policy, await env.reset(task))  # paths open with the system step
             root = Node(0, None, opening, checkpoint(env, opening))
             self.pool.release(env)
             tree = Tree(task, root, [root], SearchStats())

@@ -12,7 +12,10 @@ shares its longest prefix (outcome gap >= beta). Each match gives:
   Good/Bad/Uncertain, first Bad at or after the divergence), the step rules (`rules`), or is the
   divergence point itself (`divergence`; also the fallback when none is named).
   The revision thought is a `MessageAction` tagged `extra["kind"] = "revision"`: it renders as an
-  assistant turn (merged with the tool call that follows), and replayers skip it.
+  assistant turn (merged with the tool call that follows), and replayers skip it. The record
+  declares what no request of the agent produced as recorded (`details["rewrites"]`): the revision
+  (written), and the good continuation (context: the agent chose those actions after the good
+  path's own steps, not after the failed segment).
 - preference pairs, both with `prefix_len` = the shared prefix: trajectory level (the two
   complete paths) and step level (IPR / Agent Q: prefix + the next action only). Member
   trajectories are written too (unique ids), so the DPO exporter can join them.
@@ -40,7 +43,7 @@ from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.mcts import MCTS, SearchConfig, Tree
 from generators.registry import register_method
-from schemas.models import MessageAction, Pair, Step, Trajectory
+from schemas.models import MessageAction, Pair, Rewrite, Step, Trajectory
 
 REVISION_TEMPLATES = (
     "I realize my previous action was wrong: {reason} Let me go back and take a better approach.",
@@ -218,9 +221,17 @@ class MCTSSplice(EnvMethod):
         revision = await self._revision(task, bad.steps[error], reason, bad.node)
         steps, masked = splice(k, bad.steps, good.steps, error, revision)
         traj = self._trajectory(task, f"n{bad.node}+n{good.node}/spliced", steps, good, "spliced")
+        revision_index = masked[-1] + 1
         traj.details["splice"] = {"prefix_len": k, "first_error": error, "error_source": source, "reason": reason,
-                                  "masked": masked, "revision_index": masked[-1] + 1, "bad_node": bad.node,
+                                  "masked": masked, "revision_index": revision_index, "bad_node": bad.node,
                                   "good_node": good.node}
+        continued = [i for i in range(revision_index + 1, len(steps)) if steps[i].kind in ACTION_KINDS]
+        traj.details["rewrites"] = [
+            Rewrite(steps=[revision_index], kind="written",
+                    reason=f"the revision thought ({self.config.revision}), spliced in").model_dump(),
+            Rewrite(steps=continued, kind="context",
+                    reason=f"the good path's continuation, answered after step {k} of that path, here after the "
+                           "masked failed segment and the revision").model_dump()]
         traj.provenance.parent_ids = [f"{self.name}/{task.id}/n{bad.node}", f"{self.name}/{task.id}/n{good.node}"]
         return traj
 

@@ -16,6 +16,11 @@ task in `details["task"]`):
 3. **continue** — the greedy agent goes on from there, still under review: each later wrong step
    is corrected the same way, up to `max_corrections`; after that the agent continues alone.
 
+The corrected trajectory opens with the failed one's system step (the prompt its replayed actions
+answered; the agent continues under it) and declares in `details["rewrites"]` what the agent's
+requests did not produce as recorded: the teacher's reflections and corrected actions (written),
+and any replayed action whose history differs from the one it answered (context).
+
 The corrected trajectory is kept only if the environment's evaluation at its end is a success;
 otherwise it is filtered with the reason ("still failed ...", "the teacher found no wrong step
 ...", "the teacher's correction ... was refused ..."). Every teacher verdict (correct or wrong)
@@ -30,7 +35,8 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from backends.base import LLM
-from envs.base import Checkpoint, Environment, Task, restore, transitions
+from converters.export.request import request_for
+from envs.base import ACTION_KINDS, Checkpoint, Environment, Task, is_revision, restore, transitions
 from filters import step_judge, step_rules
 from generators._episode import Correction, act, continue_episode, renumber_calls
 from generators.agent import AgentPolicy, Proposal
@@ -38,7 +44,8 @@ from generators.base import RoleModel, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from generators.transcript import tools_block
-from schemas.models import Action, ApiAction, MessageAction, Step, Trajectory
+from schemas.models import (Action, ApiAction, MessageAction, RenderSettings, Rewrite, Step, TextObservation,
+                            Trajectory, is_system_step)
 from schemas.store import Dataset
 
 REVIEW_SYSTEM = (
@@ -106,21 +113,37 @@ class ReflectionConfig(EnvMethodConfig):
 
 
 class ReplayThenAgent:
-    """Proposes the recorded actions in order; after the first correction, or when they run out, the agent acts."""
+    """Proposes the recorded actions in order; after the first correction, or when they run out, the agent acts.
 
-    def __init__(self, recorded: Iterable[Action], agent: AgentPolicy) -> None:
-        self.recorded = deque(recorded)
+    Histories open with the recorded trajectory's system step where it has one (the prompt its
+    actions answered), else the agent's; `replayed` pairs each replayed action's step index with
+    its index in the recording."""
+
+    def __init__(self, recording: Trajectory, agent: AgentPolicy) -> None:
+        steps = recording.steps
+        self.recorded = deque(i for i, s in enumerate(steps) if s.kind in ACTION_KINDS and s.train
+                              and not is_revision(s))  # the moves `transitions` replays
+        self.steps = steps
+        self.opening = steps[0] if steps and is_system_step(steps[0]) else None
         self.agent = agent
         self.deviated = False
         self.source = "recorded"
+        self.replayed: list[tuple[int, int]] = []
 
-    async def propose(self, history: list[Step], *, n: int = 1, guidance: str | None = None) -> list[Proposal]:
+    def system_step(self, guidance: str | None = None) -> TextObservation:
+        if self.opening is not None and guidance is None:
+            return self.opening  # type: ignore[return-value]
+        return self.agent.system_step(guidance)
+
+    async def propose(self, history: list[Step], *, n: int = 1) -> list[Proposal]:
         if self.recorded and not self.deviated:
             self.source = "recorded"
-            action = self.recorded.popleft()
+            index = self.recorded.popleft()
+            self.replayed.append((len(history), index))
+            action = self.steps[index]
             return [Proposal(action.model_copy(update={"tool_call_id": None, "label": "unknown"}), "")]
         self.source = "agent"
-        return await self.agent.propose(history, n=n, guidance=guidance)
+        return await self.agent.propose(history, n=n)
 
 
 class TeacherReview:
@@ -220,12 +243,29 @@ class Reflection(EnvMethod):
 
     # ---- one failed trajectory --------------------------------------------------------------------
 
+    def _rewrites(self, recording: Trajectory, steps: list[Step], proposer: ReplayThenAgent,
+                  reviewer: TeacherReview) -> list[dict[str, Any]]:
+        """What no request of the agent produced as recorded: the teacher's reflections and corrected actions
+        (written), and replayed actions whose history here differs from the one they answered (context)."""
+        out = []
+        written = [i for c in reviewer.corrections for i in (c["reflection_step"], c["corrected_step"])]
+        if written:
+            out.append(Rewrite(steps=written, kind="written", reason="the teacher's reflection and corrected "
+                                                                     "action").model_dump())
+        ours, theirs = self.render_settings(), RenderSettings.of(recording.details) or self.render_settings()
+        moved = [new for new, old in proposer.replayed
+                 if steps[new].train and request_for(steps[:new], ours) != request_for(recording.steps[:old], theirs)]
+        if moved:
+            out.append(Rewrite(steps=moved, kind="context",
+                               reason=f"replayed from {recording.id}, whose history before them differs").model_dump())
+        return out
+
     async def run_task(self, spec: TaskSpec) -> TaskResult:
         traj = self.inputs()[spec.id]
         task = step_rules.task_of(traj)
         assert task is not None
         result = TaskResult()
-        proposer = ReplayThenAgent((a for a, _ in transitions(traj.steps)), self.policy(0.0))
+        proposer = ReplayThenAgent(traj, self.policy(0.0))
         reviewer = TeacherReview(self, task, proposer)
         async with self.make_env() as env:
             await env.reset(task)
@@ -234,8 +274,9 @@ class Reflection(EnvMethod):
             result.counts["replays"] += env.replays
         result.counts.update(reviewer.counts)
         steps = renumber_calls(episode.steps)
+        rewritten = self._rewrites(traj, steps, proposer, reviewer)
         masked = [i for i, s in enumerate(steps) if not s.train and "parse_error" not in s.extra
-                  and not (s.kind == "text" and s.name == "parse_error")]
+                  and not (s.kind == "text" and s.name == "parse_error") and not is_system_step(s)]
         info = {"teacher": self.teacher_name(), "corrections": reviewer.corrections, "masked": masked,
                 "verdicts": reviewer.verdicts, "recorded_actions": len(transitions(traj.steps))}
         if reviewer.corrections:  # the first error at the top level too, as the viewer shows it
@@ -243,7 +284,7 @@ class Reflection(EnvMethod):
             info.update(first_error=first["wrong_step"], reflection_index=first["reflection_step"],
                         reason=first["reason"])
         fixed = self.trajectory(task, "", steps, episode.evaluation, parents=[traj.id], role="reflection",
-                                reflection=info, **episode.details())
+                                reflection=info, rewrites=rewritten, **episode.details())
         fixed = fixed.model_copy(update={"id": f"{self.name}/{traj.id}"})
         refused = next((c for c in reviewer.corrections if "refused" in c), None)
         evaluation = episode.evaluation

@@ -67,7 +67,7 @@ from generators.agent import AgentPolicy
 from generators.base import MAX_TASKS, MethodConfig, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
-from schemas.models import ApiAction, Step, Trajectory
+from schemas.models import ApiAction, Step, Trajectory, is_system_step
 from schemas.store import Dataset
 
 TASKS_FILE = "tasks.jsonl"
@@ -329,6 +329,7 @@ class SelfChallenging(EnvMethod):
         self._tasks_path: Path | None = None
         self._kept: dict[str, dict[str, Any]] = {}
         self._examples: list[str] | None = None
+        self._start: dict[str, Any] = {}
         self._dedup = NearDuplicateIndex(config.dedup_threshold) if config.dedup_threshold is not None else None
 
     def tasks(self) -> Iterable[TaskSpec]:
@@ -354,9 +355,12 @@ class SelfChallenging(EnvMethod):
         await super().setup()
         if self._examples is None:
             try:
-                self._examples = [t.instruction for t in self.envs.tasks()] if self.config.example_tasks else []
+                source = self.envs.tasks()
             except NotImplementedError:
-                self._examples = []  # a world without a task generator, and no task file given
+                source = []  # a world without a task generator, and no task file given
+            self._examples = [t.instruction for t in source] if self.config.example_tasks else []
+            # A world that opens on a page (a browser) needs one: challenges start where the source's first task does.
+            self._start = {k: v for k, v in source[0].params.items() if k in ("start_url", "miniwob")} if source else {}
 
     # ---- environment helpers ------------------------------------------------------------------
 
@@ -366,7 +370,8 @@ class SelfChallenging(EnvMethod):
             goal = {"actions": [c.model_dump() for c in challenge.solution], "verifier": challenge.verifier}
             if isinstance(challenge, StateCallChallenge):
                 goal["state_calls"] = [c.model_dump() for c in challenge.state_calls]
-        return Task(id=task_id, env=self.config.env, instruction=instruction, goal=goal, seed=self.config.seed)
+        return Task(id=task_id, env=self.config.env, instruction=instruction, goal=goal, seed=self.config.seed,
+                    params=dict(self._start))
 
     async def _read_state(self, env: Environment, challenge: Challenge) -> tuple[Any, str | None]:
         """(the state the verifier reads, or None and why it could not be read)."""
@@ -469,7 +474,8 @@ class SelfChallenging(EnvMethod):
             return
         reason, checks, solution_steps = await self._validate(challenge, env_task)
         if reason is not None:
-            result.reject(self.trajectory(env_task, "", solution_steps, None, challenge=record, checks=checks),
+            scripted = self.scripted(solution_steps, "the challenger's solution, run by the check")
+            result.reject(self.trajectory(env_task, "", solution_steps, None, challenge=record, checks=checks, **scripted),
                           "challenge_check", reason)
             result.counts["challenges_rejected"] += 1
             return
@@ -486,7 +492,7 @@ class SelfChallenging(EnvMethod):
         match = self._dedup.match(task.instruction, exclude=task.id) if self._dedup is not None else None
         if match is None:
             return False
-        stub = self.trajectory(task, "", [], None, challenge=record, checks=checks)
+        stub = self.trajectory(task, "", [], None, challenge=record, checks=checks, **self.scripted([], ""))
         result.reject(stub, "dedup", f"near-duplicate task: of {match[0]} (similarity {match[1]})")
         result.counts["challenges_duplicate"] += 1
         return True
@@ -500,12 +506,12 @@ class SelfChallenging(EnvMethod):
 
     def _exploration_text(self, steps: list[Step]) -> str:
         lines = []
-        for step in steps[1:]:  # after the challenger's own instructions
+        for step in steps:  # the challenger's own instructions (system and user text) are not results
             if step.kind == "api":
                 lines.append(f"CALL {json.dumps({'name': step.function, 'arguments': step.arguments})}")
             elif step.kind == "message":
                 lines.append(f"NOTE {step.content}")
-            elif step.kind == "text" and step.source == "environment":
+            elif step.kind == "text" and step.source == "environment" and not is_system_step(step):
                 lines.append(f"RESULT {_truncate(step.content, self.config.max_observation_chars)}")
         return "\n".join(lines)
 

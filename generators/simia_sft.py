@@ -12,7 +12,10 @@ reason), hidden reasoning is stripped from visible text, and exact duplicates ar
 content hashes).
 
 The output keeps the policy as its first turn, a system step (`TextObservation`, source
-"environment", name "system": exporters make it the system message). The policy comes from the
+"environment", name "system": exporters make it the system message), and declares every agent
+turn written by the synthesis (`details["rewrites"]`): no agent request produced them; they are
+meant to be trained conditioned on the policy and the conversation before each. It records no
+render settings (no request was sent), so exporters give it the full-history layout. The policy comes from the
 config (`policy` text or `policy_file`), else the environment (`env`: its policy, e.g. an MCP env
 config's), else each seed's own system text. The tools come from `tools_file` (JSON / JSONL of tool
 declarations), else the environment (`env` + `env_config`: an MCP server lists its tools), else the
@@ -38,7 +41,7 @@ from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResu
 from generators.registry import register_method
 from generators.seeds import load_seeds
 from generators.transcript import FORMAT_HELP, TranscriptError, parse_transcript, render_transcript, system_text, tools_block
-from schemas.models import TextObservation, Tool, Trajectory
+from schemas.models import Rewrite, Tool, Trajectory, system_step
 from schemas.store import Dataset
 from schemas.toolcalls import call_problem
 
@@ -255,8 +258,11 @@ class SimiaSFT(GenerationMethod):
             result.fail(task.id, "parse", f"TranscriptError: {exc}", raw)
             return result
         if policy:
-            steps = [TextObservation(content=policy, source="environment", name="system"), *steps]
+            steps = [system_step(policy), *steps]
         key = content_id(steps, tools)
+        # No request of an acting model answered these turns: the synthesis call wrote them all, to be
+        # trained conditioned on the policy (the system step) and the conversation before each.
+        written = [i for i, s in enumerate(steps) if s.kind in ("api", "code", "message")]
         trajectory = Trajectory(
             id=f"{self.name}/{key}",
             source=self.name,
@@ -265,7 +271,10 @@ class SimiaSFT(GenerationMethod):
             provenance=self.provenance(task.id, parents=[seed.id], seed=sample),
             details={"finish_reason": completion.finish_reason, "seed": seed.id, "tools_source": tools_source,
                      "policy_source": policy_source, **({"policy_sha256": _sha(policy)} if policy else {}),
-                     "verdicts": dict(verdicts)},
+                     "verdicts": dict(verdicts),
+                     "rewrites": [Rewrite(steps=written, kind="written",
+                                          reason="the synthesised transcript (one model call wrote every turn)")
+                                  .model_dump()]},
         )
         kept_by = trajectory.details["verdicts"]
         if completion.finish_reason == "length":

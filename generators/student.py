@@ -15,14 +15,13 @@ from typing import Any
 from backends.base import LLM
 from backends.scoring import TargetLoss, target_loss
 from converters.export.render import RenderOptions, render
-from generators.agent import text_message
 from schemas.models import Trajectory
 
 
 def scoring_messages(traj: Trajectory) -> tuple[list[dict[str, Any]], list[int]]:
     """(the trajectory as text-form chat messages, the indices of its trainable assistant turns)."""
-    turns = render(traj, RenderOptions(reasoning=False), require_assistant=False)
-    messages = [text_message(t.message) for t in turns]
+    turns = render(traj, RenderOptions(reasoning=False, tool_format="text"), require_assistant=False)
+    messages = [t.message for t in turns]
     return messages, [i for i, t in enumerate(turns) if t.is_assistant and t.train]
 
 

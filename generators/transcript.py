@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import orjson
 
 from backends.jsonrepair import extract_json, first_balanced_object
-from schemas.models import ApiAction, MessageAction, Step, TextObservation, Tool
+from converters.export.request import tools_block  # noqa: F401 - prompts list tools the way agents see them
+from schemas.models import ApiAction, MessageAction, Step, TextObservation
 
 _TURN = re.compile(r"^\s*(USER|ASSISTANT|TOOL)\s*:\s?", re.IGNORECASE | re.MULTILINE)
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL | re.IGNORECASE)
@@ -175,10 +176,3 @@ def render_transcript(steps: list[Step]) -> str:
             # Where the page is matters to a reader (a judge, a relabeller) as much as what it shows.
             lines.append(f"TOOL: page {step.url}\n{page}" if step.url and page else f"TOOL: {page or step.url or ''}")
     return "\n".join(lines)
-
-
-def tools_block(tools: list[Tool]) -> str:
-    return "\n".join(
-        orjson.dumps({"name": t.name, "description": t.description, "parameters": t.parameters}).decode()
-        for t in tools
-    )

@@ -30,10 +30,10 @@ pages (`browser`: real pages in Chromium; `simulated` in web mode; the `web` sho
    `success_from: judge`); their agreement is recorded and counted. An unsuccessful replay is
    filtered by "outcome" with the reason (`keep_failed` keeps it).
 
-The trajectory's steps are the episode (the goal as the user's request, the pages, the actions);
-the tutorial, classifier verdict, spec and judge verdict live in `details`, because a model trained
-on the data will not see a tutorial. A tutorial dropped before any replay is recorded in
-`filtered/` with its text, so nothing vanishes.
+The trajectory's steps are the episode: the agent's system prompt with the spec as guidance (what
+the agent saw, so exports rebuild its requests exactly), the goal as the user's request, the pages,
+the actions; the tutorial, classifier verdict, spec and judge verdict live in `details`. A tutorial
+dropped before any replay is recorded in `filtered/` with its text, so nothing vanishes.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in
    reason ("unsuccessful: ...", "no verdict: ...", "max_parse_failures: ...") unless `keep_failed`.
 5. **rewrite** — retrospective relabeling: the model rewrites the instruction to match what the
    trajectory actually did (structured `{instruction}`); the trajectory's first user step gets
-   the rewritten instruction, `details` keeps the original.
+   the rewritten instruction, `details` keeps the original, and `details["rewrites"]` declares
+   every action's context rewritten (the agent answered the original instruction).
 6. **grow** (`grow: true`, UI-Simulator-Grow) — after the rounds, the tasks of the last generation
    are ranked by the *student's* teacher-forcing loss on their kept trajectories (`student.llm`: the
    model being trained, served behind the OpenAI-compatible API with vLLM's `prompt_logprobs`, or
@@ -69,6 +70,7 @@ from generators.registry import register_method
 from generators.rollout import ATTEMPT
 from generators.student import trajectory_loss
 from generators.transcript import render_transcript, tools_block
+from schemas.models import Rewrite as StepRewrite
 from schemas.models import Step, TextObservation, Trajectory, WebObservation
 from schemas.store import Dataset
 
@@ -405,10 +407,15 @@ class UISimulator(EnvMethod):
         if answer is None or not answer.instruction.strip():
             result.counts["rewrite_failed"] += 1
             return
-        first = trajectory.steps[0]
-        assert isinstance(first, TextObservation) and first.source == "user"
+        first = next(s for s in trajectory.steps if isinstance(s, TextObservation) and s.source == "user")
         first.content = answer.instruction.strip()
         trajectory.details["rewritten_instruction"] = first.content
+        # The agent answered the original instruction: every action's request had it in place of this one.
+        actions = [i for i, s in enumerate(trajectory.steps) if s.kind in ("api", "code", "message")]
+        trajectory.details["rewrites"] = [StepRewrite(
+            steps=actions, kind="context",
+            reason=f"the user's request (step {trajectory.steps.index(first)}) was relabelled after the episode; "
+                   "the agent answered details.original_instruction").model_dump()]
         result.counts["rewritten"] += 1
 
     def _trajectory(self, node: _Node, a: int, episode: Episode, tools: list[Any], r: int,
@@ -437,6 +444,7 @@ class UISimulator(EnvMethod):
                 "actions": episode.actions,
                 "parse_failures": episode.parse_failures,
                 "action_errors": episode.action_errors,
+                "render": self.render_settings().model_dump(),
             },
         )
 

@@ -231,3 +231,78 @@ class Filtered(_Model):
 
     record: Trajectory
     decision: FilterDecision
+
+
+# ---- what the acting model saw ---------------------------------------------------------------------
+
+# The name of the step that holds the system prompt the acting model received (the first step of a
+# generated trajectory; exporters hoist it into the system message).
+SYSTEM_STEP = "system"
+
+
+class RenderSettings(BaseModel):
+    """How the acting model's requests were rendered from its trajectory, kept in `details["render"]`.
+
+    With the trajectory's steps they determine each request exactly (`converters.export.request`):
+    the request for the action at step k is the render of steps[:k] with these settings.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # "tools": native function calling (tool messages, `tool_calls`); "text": tool calls written as
+    # `<tool_call>` blocks in the text, tool results as user turns starting "TOOL: ".
+    tool_format: Literal["tools", "text"] = "tools"
+    # Page text (accessibility tree or html) is cut to this many characters (0: not cut).
+    web_max_chars: int = Field(12_000, ge=0)
+    # The history window: the task and the most recent messages that fit in this many characters of
+    # content (None: the whole history).
+    history_chars: int | None = Field(12_000, ge=1)
+    # Whether earlier turns' reasoning is sent again.
+    reasoning: bool = False
+
+    @classmethod
+    def of(cls, details: dict[str, Any]) -> RenderSettings | None:
+        """The settings a record's details carry, or None (a record that does not say: converted data)."""
+        raw = details.get("render")
+        return cls.model_validate(raw) if isinstance(raw, dict) else None
+
+
+class Rewrite(_Model):
+    """Steps of a record that no request of its acting model produced as recorded, kept in `details["rewrites"]`.
+
+    - `written`: someone else wrote these steps (a teacher's correction, a template's revision
+      thought, a whole synthesised transcript): no request of the acting model answered them.
+    - `context`: the acting model answered these steps, but to a request that differs from the
+      record's prefix before them (the record changed what came before: a relabelled instruction,
+      a spliced-in failed segment).
+    """
+
+    steps: list[int]
+    kind: Literal["written", "context"]
+    reason: str = Field(min_length=1)
+
+
+def rewrites(details: dict[str, Any]) -> list[Rewrite]:
+    return [Rewrite.model_validate(r) for r in details.get("rewrites") or []]
+
+
+def rewritten_steps(details: dict[str, Any]) -> set[int]:
+    """Every step index a record declares rewritten (of either kind)."""
+    return {i for r in rewrites(details) for i in r.steps}
+
+
+def system_step(content: str) -> TextObservation:
+    """The step that records the system prompt an acting model received."""
+    return TextObservation(content=content, source="environment", name=SYSTEM_STEP, train=False)
+
+
+def is_system_step(step: Any) -> bool:
+    return getattr(step, "kind", None) == "text" and getattr(step, "name", None) == SYSTEM_STEP
+
+
+def task_text(steps: Any) -> str | None:
+    """The task: the first user text of a trajectory (or of its steps), after any system step; None without one."""
+    for step in getattr(steps, "steps", steps):
+        if step.kind == "text" and step.source == "user" and step.name != SYSTEM_STEP:
+            return step.content
+    return None

@@ -49,7 +49,7 @@ def loss_tokens(trajectory: Trajectory, format: str, tokenizer_path: str | Path,
     kw: dict[str, Any] = {}
     if options is not None:
         kw = {"sft_layout": options.sft_layout, "kto_mode": options.kto_mode, "reasoning": options.render.reasoning,
-              "web_max_chars": options.render.web_max_chars}
+              "web_max_chars": options.render.web_max_chars, "history": options.history}
     try:
         p = preview(trajectory, format, tokenizer=_tokenizer(str(tokenizer_path)), **kw)
     except TokenizerError as exc:

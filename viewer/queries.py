@@ -83,7 +83,8 @@ Filter = Callable[[str, dict[str, Any]], str]
 
 # Text of a step that search looks in (html is left out: its markup would match almost anything).
 _STEP_TEXT = "lower(concat_ws(' ', s.content, s.function, s.arguments, s.thought, s.reasoning, s.url, s.axtree, s.name))"
-_MASKED = "list_contains(list_transform(steps, lambda s: coalesce(s.train, true)), false)"
+# A masked step: train = false, except the system prompt's step (context, never a training target).
+_MASKED = "len(list_filter(steps, lambda s: NOT coalesce(s.train, true) AND coalesce(s.name, '') <> 'system')) > 0"
 
 
 def _success(value: str, p: dict[str, Any]) -> str:
@@ -141,7 +142,7 @@ _TRAJECTORY_FILTERS: dict[str, Filter] = {
 
 _TRAJECTORY_COLUMNS = """id, source, provenance.method AS method, provenance.model AS model, len(steps) AS steps,
     reward, success,
-    len(list_filter(steps, lambda s: NOT coalesce(s.train, true))) AS masked,
+    len(list_filter(steps, lambda s: NOT coalesce(s.train, true) AND coalesce(s.name, '') <> 'system')) AS masked,
     len(list_filter(steps, lambda s: s.label = 'good')) AS good,
     len(list_filter(steps, lambda s: s.label = 'bad')) AS bad,
     left(list_filter(steps, lambda s: s.kind = 'text' AND s.source = 'user')[1].content, 240) AS task,

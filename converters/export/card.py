@@ -102,6 +102,7 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
             "reasoning": "kept (reasoning_content)" if report.reasoning else "dropped",
             "web_max_chars": cfg.web_max_chars, "shard_rows": cfg.shard_rows,
             "kto_mode": report.kto_mode or "-", "dpo_level": report.dpo_level or "-",
+            "history": "each generated record's requests as sent" if cfg.history == "request" else "the whole history",
             "failed trajectories": ("included" if report.include_failed else "left out") if fmt.supervised else "-",
         },
         "distributions": dists,

@@ -13,6 +13,10 @@ the fork before the next assistant message when both trajectories have the same 
   message (trailing observations cut). Tool results and user turns between the assistant
   messages are part of both sequences and so of the preference; the card says so.
 
+A pair of records that carry render settings (generated in an environment; `history="request"`,
+the default) gets as `prompt` the request both sides answered at the fork, exactly as sent
+(`converters.export.request`): its system prompt, its history window, pages cut as they were.
+
 Skipped (with the reason): a prefix mismatch, an empty prompt, a continuation without an
 assistant message, trajectories that differ before the next assistant message (step level:
 the fork is an observation, not a choice of the agent), identical chosen and rejected messages,
@@ -28,6 +32,7 @@ from typing import Any
 from converters.export.options import FormatOptions
 from converters.export.records import PairRef, Record
 from converters.export.render import Conversation, Unrenderable
+from converters.export.request import request_positions
 
 
 def fork_position(conv: Conversation, step: int) -> int:
@@ -47,6 +52,19 @@ def _leading_observations(conv: Conversation) -> int:
 def _masked(conv: Conversation, record: Record) -> bool:
     """Whether any step behind these messages is loss-masked (DPO trains every token it compares)."""
     return any(record.step("train", j) is False for k in range(len(conv)) for j in conv.steps(k))
+
+
+def _request(chosen: Record, rejected: Record, k: int) -> Conversation:
+    """The request both sides answered at the fork (message k of both; their prefixes are equal)."""
+    if rejected.settings != chosen.settings:
+        raise Unrenderable("chosen and rejected were rendered with different settings")
+    assert chosen.settings is not None
+    sent = chosen.render_request()
+    prompt = sent[request_positions(sent, k, chosen.settings)]
+    other = rejected.render_request()
+    if prompt.keys() != other[request_positions(other, k, chosen.settings)].keys():
+        raise Unrenderable("prefix mismatch")
+    return prompt
 
 
 def dpo_rows(pair: PairRef, chosen: Record, rejected: Record, opts: FormatOptions) -> list[dict[str, Any]]:
@@ -71,6 +89,8 @@ def dpo_rows(pair: PairRef, chosen: Record, rejected: Record, opts: FormatOption
             raise Unrenderable("chosen and rejected turns are identical")
     if _masked(c_rest, chosen) or _masked(r_rest, rejected):
         raise Unrenderable("masked step in a compared turn")
+    if chosen.settings is not None and opts.history == "request":
+        prompt = _request(chosen, rejected, len(prompt))
     return [{
         "id": pair.id,
         "source": pair.source,

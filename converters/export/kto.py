@@ -15,6 +15,9 @@ call is cut from its answer), and `prompt` is every message before it.
   turns inside it carry the label too; the card says so.
 - `auto` (default): `steps` for trajectories with at least one good/bad step label, else `turns`.
 
+`prompt`, for a record that carries render settings (generated in an environment; `history="request"`,
+the default), is the request that produced the completion's first message, exactly as sent.
+
 `step` is the first step of the completion's message (-1 for trajectory rows).
 """
 
@@ -25,6 +28,7 @@ from typing import Any
 from converters.export.options import FormatOptions
 from converters.export.records import Record
 from converters.export.render import ACTION_KINDS, Conversation, Unrenderable
+from converters.export.request import request_positions
 
 
 def has_step_labels(record: Record) -> bool:
@@ -38,10 +42,19 @@ def _message_label(conv: Conversation, k: int, record: Record) -> bool | None:
     return labels.pop() == "good" if len(labels) == 1 else None
 
 
-def _row(record: Record, k: int, conv: Conversation, completion: Conversation, label: bool,
-         tools: str | None) -> dict[str, Any]:
-    step = completion.first_step(0) if k >= 0 else -1
-    return {"id": record.id, "source": record.source, "step": step, "prompt": conv[:k] if k >= 0 else conv,
+def _prompt(record: Record, opts: FormatOptions, conv: Conversation, k: int) -> Conversation:
+    """What message k of `conv` is conditioned on: the request that produced it where the record says how
+    its requests were rendered (`history="request"`), else every message before it."""
+    settings = record.settings
+    if settings is None or opts.history != "request":
+        return conv[:k]
+    sent = record.render_request()
+    return sent[request_positions(sent, k, settings)]
+
+
+def _row(record: Record, k: int, prompt: Conversation, completion: Conversation, label: bool,
+         tools: str | None, step: int) -> dict[str, Any]:
+    return {"id": record.id, "source": record.source, "step": step, "prompt": prompt,
             "completion": completion, "label": label, "tools": tools}
 
 
@@ -56,7 +69,7 @@ def message_rows(record: Record, opts: FormatOptions, outcome: bool) -> list[dic
         label = bool(record.success) if outcome else _message_label(conv, k, record)
         if k == 0 or label is None or not conv.train(k):
             continue
-        rows.append(_row(record, k, conv, conv[k:k + 1], label, tools))
+        rows.append(_row(record, k, _prompt(record, opts, conv, k), conv[k:k + 1], label, tools, conv.first_step(k)))
     if not rows:
         raise Unrenderable("no trainable assistant turn with a prompt" if outcome else "no trainable labeled step")
     return rows
@@ -73,7 +86,8 @@ def trajectory_rows(record: Record, opts: FormatOptions) -> list[dict[str, Any]]
         raise Unrenderable("no trainable assistant turn")
     if start == 0:
         raise Unrenderable("no prompt before the first assistant turn")
-    row = _row(record, -1, conv[:start], conv[start:].through_last_assistant(), bool(record.success), record.tools_json())
+    row = _row(record, -1, _prompt(record, opts, conv, start), conv[start:].through_last_assistant(),
+               bool(record.success), record.tools_json(), -1)
     return [row]
 
 

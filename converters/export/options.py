@@ -13,10 +13,12 @@ if TYPE_CHECKING:
 SftLayout = Literal["messages", "prompt-completion"]
 KtoMode = Literal["auto", "steps", "turns", "trajectory"]
 DpoLevel = Literal["step", "trajectory"]
+History = Literal["request", "full"]
 
 SFT_LAYOUTS = ("prompt-completion", "messages")
 KTO_MODES = ("auto", "steps", "turns", "trajectory")
 DPO_LEVELS = ("step", "trajectory")
+HISTORIES = ("request", "full")
 
 
 @dataclass(frozen=True)
@@ -27,3 +29,6 @@ class FormatOptions:
     dpo_level: DpoLevel = "step"
     # `tokenized` only: the user's tokenizer and chat template, and the length limit.
     tokenizer: "ChatTokenizer | None" = None
+    # "request": a record with render settings trains each assistant message on the request that produced
+    # it; "full": on the whole history before it (see docs/export.md).
+    history: History = "request"

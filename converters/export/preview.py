@@ -59,7 +59,7 @@ class Preview:
 def preview(trajectory: Any, fmt: str, *, tokenizer: Any = None, max_length: int | None = None,
             pair: Any = None, rejected: Any = None, sft_layout: str = "prompt-completion", kto_mode: str = "auto",
             dpo_level: str = "step", reasoning: bool | None = None, web_max_chars: int = 20_000,
-            include_failed: bool = False) -> Preview:
+            include_failed: bool = False, history: str = "request") -> Preview:
     """`trajectory` (a `schemas.models.Trajectory`) exported as `fmt`; for `trl-dpo` it is the chosen
     trajectory and `pair` / `rejected` the pair and its other side. `tokenizer`: a path, a
     transformers tokenizer or a `ChatTokenizer` (required for `tokenized`). Options as the CLI's."""
@@ -67,7 +67,7 @@ def preview(trajectory: Any, fmt: str, *, tokenizer: Any = None, max_length: int
     chat = _chat_tokenizer(tokenizer, max_length)
     record = Record.of(trajectory)
     opts = FormatOptions(RenderOptions(spec.keeps_reasoning if reasoning is None else reasoning, web_max_chars),
-                         sft_layout, kto_mode, dpo_level, chat)  # type: ignore[arg-type]
+                         sft_layout, kto_mode, dpo_level, chat, history=history)  # type: ignore[arg-type]
     if spec.supervised and record.success is False and not include_failed:
         return Preview(fmt, [], FAILED)
     if fmt == "tokenized" and chat is None:

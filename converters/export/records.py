@@ -3,7 +3,12 @@
 A `Batch` wraps one Arrow batch of trajectory rows: it renders all of them at once (per render
 options, on first use), computes their tools once per distinct tool list, and hands out
 `Record`s, one trajectory each as the per-record formats see it (id, source, success, its steps'
-labels and masks, its tools and its rendered `Conversation`). Nothing is validated into model
+labels and masks, its tools and its rendered `Conversation`).
+
+A record that says how its acting model's prompts were rendered (`details["render"]`, generated
+trajectories) renders with those settings' page limit and tool format whatever the export's
+options say, and its tools are the tools as sent: the declared ones (none in the text tool
+format, where the system prompt lists them), not extended by functions it called. Nothing is validated into model
 objects on the way: the store validated every record when it was written and checks each
 shard's schema when it is read. `Record.of(trajectory)` takes the path a stored trajectory takes
 (its Arrow row), so a model object exports exactly as it would from a dataset directory.
@@ -19,15 +24,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import orjson
+
 from converters.export.render import ACTION_KINDS, KINDS, Conversation, RenderOptions, Rendered, render_batch
+from converters.export.request import render_options
 from converters.export.tools import specs_of, tool_keys, tools_columns
 from schemas.arrow import PAIR_SCHEMA, TRAJECTORY_SCHEMA, pair_to_row, trajectory_to_row
+from schemas.models import RenderSettings, rewritten_steps
 
 _KINDS = pa.array(KINDS)
 _ORIGINS = pa.array(["user", "agent", "environment"])
 _LABELS = pa.array(["good", "bad", "unknown"])
 # The trajectory columns the exporter reads.
-COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance"]
+COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance", "details"]
 
 
 @dataclass
@@ -50,8 +59,23 @@ class Record:
     def __len__(self) -> int:
         return int(self.batch.lengths[self.index])
 
+    @property
+    def settings(self) -> RenderSettings | None:
+        """How its acting model's prompts were rendered (None: the record does not say)."""
+        return self.batch.settings[self.index]
+
     def render(self, opts: RenderOptions) -> Conversation:
-        return self.batch.rendered(opts).conversation(self.index)
+        """The whole trajectory, rendered with `opts` (the recorded page limit and tool format win)."""
+        return self.batch.rendered(self.batch.options(opts, self.index)).conversation(self.index)
+
+    def render_request(self) -> Conversation:
+        """The whole trajectory rendered as its acting model's requests were (needs `settings`)."""
+        assert self.settings is not None
+        return self.batch.rendered(render_options(self.settings)).conversation(self.index)
+
+    def rewritten(self) -> set[int]:
+        """The steps the record declares rewritten (`details["rewrites"]`)."""
+        return self.batch.rewritten[self.index]
 
     def step(self, field: str, j: int) -> Any:
         """Field `kind`, `label`, `train` (None: the default, true) or `source` of step j."""
@@ -62,7 +86,10 @@ class Record:
         return bool(self.batch.masked_assistant[self.index])
 
     def function_specs(self) -> list[dict[str, Any]]:
-        """`[{"name", "description"?, "parameters"}]`: declared tools, then undeclared called functions."""
+        """`[{"name", "description"?, "parameters"}]`: declared tools, then undeclared called functions (none
+        for a record whose tools count as sent; nothing for one in the text tool format)."""
+        if self.batch.text_format[self.index]:
+            return []
         return specs_of(self.batch.tool_key(self.index))[0]
 
     def openai_tools(self) -> list[dict[str, Any]]:
@@ -128,12 +155,57 @@ class Batch:
         return np.bincount(self.owner[masked.to_numpy(zero_copy_only=False)], minlength=len(self)) > 0
 
     @cached_property
+    def _details(self) -> list[dict[str, Any] | None]:
+        """The details of records that carry render settings or rewrites (others: None, never parsed)."""
+        if "details" not in self.rows.type.names:
+            return [None] * len(self)
+        column = self.rows.field("details")
+        wanted = pc.fill_null(pc.or_(pc.match_substring(column, '"render"'), pc.match_substring(column, '"rewrites"')),
+                              False).to_numpy(zero_copy_only=False)
+        out: list[dict[str, Any] | None] = [None] * len(self)
+        rows = np.flatnonzero(wanted & self.valid)
+        for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
+            out[r] = orjson.loads(text)
+        return out
+
+    @cached_property
+    def settings(self) -> list[RenderSettings | None]:
+        """Per record, its recorded render settings (`details["render"]`), or None."""
+        return [RenderSettings.of(d) if d is not None else None for d in self._details]
+
+    @cached_property
+    def rewritten(self) -> list[set[int]]:
+        return [rewritten_steps(d) if d is not None else set() for d in self._details]
+
+    def options(self, opts: RenderOptions, r: int) -> RenderOptions:
+        """The render options of record r under the export's `opts`: its recorded page limit and tool format win."""
+        settings = self.settings[r]
+        if settings is None:
+            return opts
+        return render_options(settings, reasoning=opts.reasoning)
+
+    @cached_property
+    def as_sent(self) -> np.ndarray:
+        """Per record: do its tools count as sent (recorded settings), not extended by called functions?"""
+        return np.array([s is not None for s in self.settings], dtype=bool)
+
+    @cached_property
+    def text_format(self) -> np.ndarray:
+        """Per record: were its tools listed in the system prompt (the text tool format), not sent apart?"""
+        return np.array([s is not None and s.tool_format == "text" for s in self.settings], dtype=bool)
+
+    @cached_property
     def tool_keys(self) -> pa.DictionaryArray:
-        return tool_keys(self.rows.field("tools"), self.values, self.owner, len(self))
+        return tool_keys(self.rows.field("tools"), self.values, self.owner, len(self), self.as_sent)
 
     @cached_property
     def _tools(self) -> tuple[pa.Array, pa.Array]:
-        return tools_columns(self.tool_keys)
+        openai, specs = tools_columns(self.tool_keys)
+        if self.text_format.any():
+            none = pa.array(self.text_format)
+            openai = pc.if_else(none, pa.scalar(None, pa.string()), openai)
+            specs = pc.if_else(none, pa.scalar(None, pa.string()), specs)
+        return openai, specs
 
     def tool_key(self, r: int) -> str:
         if "tool_keys" not in self._py:

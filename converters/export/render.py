@@ -29,6 +29,9 @@
   `web_max_chars` with a marker, plus `[screenshot: <path>]`.
 - **loss mask**: an assistant message carries the `train` flag of its steps (steps with different
   flags never share a message); other messages carry none.
+- **text tool format** (`RenderOptions.tool_format="text"`, for models served without function
+  calling): every message then goes through `text_message`: tool results become user messages
+  starting "TOOL: ", tool calls `<tool_call>` blocks in the assistant's text.
 
 A whole batch of stored trajectories is rendered at once (`render_batch`), column-wise with
 numpy and pyarrow: each step's message text is built by vectorized string kernels, and which
@@ -76,6 +79,25 @@ class Unrenderable(Exception):
 class RenderOptions:
     reasoning: bool = True
     web_max_chars: int = 20_000
+    # "text": for models served without function calling (see `text_message`).
+    tool_format: str = "tools"
+
+
+def text_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as a model without function calling sees it: a tool result becomes a user
+    message starting "TOOL: ", tool calls become `<tool_call>{"name", "arguments"}</tool_call>`
+    blocks after the assistant's text; call ids and reasoning are not sent."""
+    if message["role"] == "tool":
+        return {"role": "user", "content": f"TOOL: {message['content']}"}
+    if message.get("tool_calls"):
+        # Arguments in one spelling whatever JSON text they were stored as (the batch keeps it compact).
+        calls = "".join(
+            f'<tool_call>{{"name": {orjson.dumps(c["function"]["name"]).decode()}, '
+            f'"arguments": {json.dumps(json.loads(c["function"]["arguments"]), ensure_ascii=False)}}}</tool_call>'
+            for c in message["tool_calls"]
+        )
+        return {"role": "assistant", "content": f"{message.get('content') or ''}\n{calls}".strip()}
+    return {"role": message["role"], "content": message.get("content") or ""}
 
 
 # ---- the rendered batch --------------------------------------------------------------------------
@@ -136,6 +158,24 @@ class Rendered:
         if reasoning := self.py("reasoning_content")[m]:
             out["reasoning_content"] = reasoning
         return out
+
+    def as_text(self) -> "Rendered":
+        """The same messages in the text tool format (`text_message` applied to each)."""
+        n = len(self.role)
+        roles, calls = self.py("role"), self.py("tool_calls")
+        content = self.py("content")
+        texts = []
+        for m in range(n):
+            if roles[m] == TOOL or calls[m]:
+                texts.append(text_message(self.message(m))["content"])
+            else:
+                texts.append(content[m] or "")
+        pool = _Pool([pa.array(texts, pa.string())])
+        none = np.full(n, -1)
+        role = np.where(self.role == TOOL, USER, self.role).astype(np.int8)
+        return Rendered(pool, np.arange(n), _Pool([pa.nulls(0, pa.string())]), none, self._call_ids, none, self.calls,
+                        np.zeros(n + 1, dtype=np.int64), role, self.train, self.first, self.last, self.offsets,
+                        self.errors)
 
     def key(self, m: int) -> tuple:
         """What message m says (not where it came from): equal keys render identically."""
@@ -198,7 +238,10 @@ class Conversation:
     def __len__(self) -> int:
         return len(self.idx)
 
-    def __getitem__(self, part: slice) -> "Conversation":
+    def __getitem__(self, part: slice | list[int]) -> "Conversation":
+        """A slice of the messages, or the messages at a list of positions (a request)."""
+        if isinstance(part, list):
+            return Conversation(self.r, [self.idx[k] for k in part])
         return Conversation(self.r, self.idx[part])
 
     def __add__(self, other: "Conversation") -> "Conversation":
@@ -459,9 +502,10 @@ def render_batch(steps: pa.ListArray | pa.ChunkedArray, opts: RenderOptions,
     m_counts = np.bincount(m_traj[order], minlength=n_traj)
     errors = _errors(kind, traj, lengths, f["kind"], np.bincount(m_traj[order][assistant], minlength=n_traj),
                      require_assistant)
-    return Rendered(texts, m_content, reasonings, m_reasoning, call_ids, m_call, call_values,
-                    np.r_[0, np.cumsum(n_msg_calls)], m_role.astype(np.int8), m_train, m_first, m_last,
-                    np.r_[0, np.cumsum(m_counts)], errors)
+    rendered = Rendered(texts, m_content, reasonings, m_reasoning, call_ids, m_call, call_values,
+                        np.r_[0, np.cumsum(n_msg_calls)], m_role.astype(np.int8), m_train, m_first, m_last,
+                        np.r_[0, np.cumsum(m_counts)], errors)
+    return rendered.as_text() if opts.tool_format == "text" else rendered
 
 
 def _match_by_id(g: int, gobs: np.ndarray, obs_group: np.ndarray, is_tool: np.ndarray, answered: np.ndarray,
@@ -602,6 +646,9 @@ def render(traj: Any, opts: RenderOptions = RenderOptions(), *, require_assistan
                              steps=system_steps))
     if require_assistant and not any(t.is_assistant for t in turns):
         raise Unrenderable("no assistant turn")
+    if opts.tool_format == "text":
+        for turn in turns:
+            turn.message = text_message(turn.message)
     return turns
 
 

@@ -26,7 +26,7 @@ from converters.export.card import write_card
 from converters.export.formats import CONVERSATION_COLUMNS, FORMATS, Format, rows_to_batch
 from converters.export.lengths import TokenStats, approx_tokens, dict_chars, message_chars, sum_lists
 from converters.export.mix import copies
-from converters.export.options import DPO_LEVELS, KTO_MODES, SFT_LAYOUTS, FormatOptions
+from converters.export.options import DPO_LEVELS, HISTORIES, KTO_MODES, SFT_LAYOUTS, FormatOptions
 from converters.export.records import COLUMNS, Batch, pair_refs
 from converters.export.render import Conversation, RenderOptions, Unrenderable
 from converters.export.sharegpt import DATASET_INFO
@@ -59,6 +59,8 @@ class ExportConfig:
     sft_layout: str = "prompt-completion"
     kto_mode: str = "auto"
     dpo_level: str = "step"
+    # What a generated record's rows are conditioned on: "request" (what its model was sent) or "full".
+    history: str = "request"
     # Supervised formats leave out trajectories with success = false unless this is set.
     include_failed: bool = False
     # `tokenized`: a tokenizer directory (or hub name) and the longest row in tokens.
@@ -151,6 +153,7 @@ def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
     _check_choice(cfg.sft_layout, SFT_LAYOUTS, "SFT layout")
     _check_choice(cfg.kto_mode, KTO_MODES, "KTO mode")
     _check_choice(cfg.dpo_level, DPO_LEVELS, "DPO level")
+    _check_choice(cfg.history, HISTORIES, "history")
     if fmt.name != "tokenized" and (cfg.tokenizer is not None or cfg.max_length is not None):
         raise ExportError("--tokenizer and --max-length apply to --format tokenized only")
     tokenizer = None
@@ -163,7 +166,8 @@ def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
             raise ExportError(str(exc)) from None
     reasoning = fmt.keeps_reasoning if cfg.reasoning is None else cfg.reasoning
     return FormatOptions(RenderOptions(reasoning=reasoning, web_max_chars=cfg.web_max_chars),  # type: ignore[arg-type]
-                         cfg.sft_layout, cfg.kto_mode, cfg.dpo_level, tokenizer)  # type: ignore[arg-type]
+                         cfg.sft_layout, cfg.kto_mode, cfg.dpo_level, tokenizer,  # type: ignore[arg-type]
+                         history=cfg.history)  # type: ignore[arg-type]
 
 
 # ---- streaming -------------------------------------------------------------------------------
@@ -226,15 +230,28 @@ def _checked(batch: Batch, ds: Dataset) -> Batch:
     return batch
 
 
+def _by_settings(batch: Batch) -> Iterator[Batch]:
+    """The batch, split so that each part's trajectories share their render settings (rendered together)."""
+    keys = batch.settings
+    if len(set(keys)) <= 1:
+        yield batch
+        return
+    groups: dict[Any, list[int]] = {}
+    for r, key in enumerate(keys):
+        groups.setdefault(key, []).append(r)
+    for members in groups.values():
+        yield Batch(batch.rows.take(pa.array(members)))
+
+
 def _trajectory_inputs(fmt: Format, ds: Dataset) -> Iterator[Inputs]:
     columns = COLUMNS + [c for c in fmt.columns if c not in COLUMNS]
     for arrow_batch in _read_ahead(ds.iter_batches("trajectories", columns=columns, batch_size=BATCH_ROWS)):
-        batch = _checked(Batch(arrow_batch), ds)
-        makers: list[Any] = [None] * len(batch)
-        if fmt.rows is not None:
-            rows = fmt.rows
-            makers = [(lambda o, r=rec: rows(r, o)) for rec in batch.records]
-        yield Inputs(batch.py("id"), batch.py("source"), [batch], [None] * len(batch), makers)
+        for batch in _by_settings(_checked(Batch(arrow_batch), ds)):
+            makers: list[Any] = [None] * len(batch)
+            if fmt.rows is not None:
+                rows = fmt.rows
+                makers = [(lambda o, r=rec: rows(r, o)) for rec in batch.records]
+            yield Inputs(batch.py("id"), batch.py("source"), [batch], [None] * len(batch), makers)
 
 
 def _pair_inputs(fmt: Format, ds: Dataset, cfg: ExportConfig) -> Iterator[Inputs]:

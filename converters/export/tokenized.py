@@ -172,9 +172,37 @@ def _trl_training_template(tokenizer: Any) -> tuple[str, str] | None:
     return template, f"TRL {trl.__version__}'s `{name}` (generation markers), as SFTTrainer swaps in"
 
 
+def request_rows(record: Record, opts: FormatOptions, tok: ChatTokenizer) -> list[dict[str, Any]]:
+    """One row per trainable assistant message: its request (as sent), then it, trained alone."""
+    from converters.export.sft import trained_requests
+
+    settings = record.settings
+    assert settings is not None
+    sent = record.render_request()
+    answered = record.render(opts.render)  # the same messages; the answer's reasoning as the export keeps it
+    tools = record.openai_tools() or None
+    rows, too_long = [], 0
+    for prompt, k in trained_requests(sent, settings):
+        if not prompt:
+            continue
+        messages = sent[prompt].messages(object_arguments=True) + answered[k:k + 1].messages(object_arguments=True)
+        trainable = [False] * (sum(1 for m in messages if m["role"] == "assistant") - 1) + [True]
+        enc = tok.encode(messages, trainable, tools)
+        if tok.max_length is not None and len(enc.input_ids) > tok.max_length:
+            too_long += 1
+            continue
+        rows.append({"id": record.id, "source": record.source, "input_ids": enc.input_ids,
+                     "assistant_masks": enc.mask, "dropped_turns": 0})
+    if not rows:
+        raise Unrenderable("no request fits in --max-length" if too_long else "no trainable assistant turn")
+    return rows
+
+
 def tokenized_rows(record: Record, opts: FormatOptions) -> list[dict[str, Any]]:
     tok = opts.tokenizer
     assert tok is not None, "the driver loads the tokenizer for --format tokenized"
+    if record.settings is not None and opts.history == "request":
+        return request_rows(record, opts, tok)
     conv = record.render(opts.render).through_last_assistant()
     positions = conv.assistant_positions()
     trainable = [conv.train(k) for k in positions]

@@ -27,12 +27,22 @@ _FIELD, _TOOL, _PART, _NONE = "\x01", "\x02", "\x03", "\x00"
 
 
 def _parameters(schema: str) -> dict[str, Any]:
-    if schema == _NONE:
-        return OPEN_SCHEMA
-    params = orjson.loads(schema)
+    return OPEN_SCHEMA if schema == _NONE else _normalized(orjson.loads(schema))
+
+
+def _normalized(params: Any) -> dict[str, Any]:
     if isinstance(params, dict) and params.get("type", "object") == "object" and "properties" not in params:
         params = {**params, "properties": {}}
     return params
+
+
+def function_spec(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """One declared tool as a spec, as `specs_of` writes it (an agent sends its tools this way too)."""
+    spec: dict[str, Any] = {"name": name}
+    if description:
+        spec["description"] = description
+    spec["parameters"] = OPEN_SCHEMA if parameters is None else _normalized(parameters)
+    return spec
 
 
 @lru_cache(maxsize=1024)
@@ -50,7 +60,7 @@ def specs_of(key: str) -> tuple[list[dict[str, Any]], str | None, str | None]:
         if description != _NONE and description:
             spec["description"] = description
         spec["parameters"] = _parameters(parameters)
-        specs.append(spec)
+        specs.append(spec)  # = function_spec of the declared tool
     for name in called.split(_TOOL) if called else ():
         if name not in seen:
             seen.add(name)
@@ -66,10 +76,13 @@ def _lists_joined(offsets: np.ndarray, values: pa.Array, separator: str) -> pa.A
     return pc.fill_null(pc.binary_join(lists, separator), "")
 
 
-def tool_keys(tools: pa.ListArray, steps: pa.Array, owner: np.ndarray, n: int) -> pa.DictionaryArray:
+def tool_keys(tools: pa.ListArray, steps: pa.Array, owner: np.ndarray, n: int,
+              as_sent: np.ndarray | None = None) -> pa.DictionaryArray:
     """Per trajectory, the key of its (declared tools, called functions), dictionary-encoded.
 
-    `tools`: the `list<tool>` column; `steps`: the flattened steps; `owner`: each step's trajectory."""
+    `tools`: the `list<tool>` column; `steps`: the flattened steps; `owner`: each step's trajectory;
+    `as_sent`: trajectories whose declared tools are the tools as a model was sent them (their
+    called functions are not added: a call to an unknown tool stays a call to an unknown tool)."""
     values = tools.values
     per_tool = pc.binary_join_element_wise(
         values.field("name"), pc.fill_null(values.field("description"), _NONE),
@@ -77,6 +90,8 @@ def tool_keys(tools: pa.ListArray, steps: pa.Array, owner: np.ndarray, n: int) -
     raw = tools.offsets.to_numpy()
     declared = _lists_joined(raw - raw[0], per_tool.slice(int(raw[0]), int(raw[-1] - raw[0])), _TOOL)
     api = np.flatnonzero(pc.fill_null(pc.equal(steps.field("kind"), "api"), False).to_numpy(zero_copy_only=False))
+    if as_sent is not None and as_sent.any():
+        api = api[~as_sent[owner[api]]]
     names = steps.field("function").take(pa.array(api)).dictionary_encode()
     sorted_names = sorted(names.dictionary.to_pylist())
     k = len(sorted_names) + 1

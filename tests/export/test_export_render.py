@@ -154,14 +154,15 @@ def _random_trajectory(rng: random.Random, i: int) -> Trajectory:
     return Trajectory(id=f"r{i}", source="s", steps=steps)
 
 
-def _steps(trajectories: list[Trajectory]) -> pa.ListArray:
-    """Model steps as a `list<step>` column, free-form values as `json.dumps` text (as `render` writes them)."""
+def _steps(trajectories: list[Trajectory], compact: bool = False) -> pa.ListArray:
+    """Model steps as a `list<step>` column, free-form values as `json.dumps` text (as `render` writes them;
+    `compact`: arguments as the store writes them)."""
     rows = []
     for traj in trajectories:
         steps = []
         for step in traj.steps:
             row = step_to_row(step)
-            if step.kind == "api":
+            if step.kind == "api" and not compact:
                 row["arguments"] = json.dumps(step.arguments, ensure_ascii=False)
             elif step.kind == "json":
                 row["content"] = json.dumps(step.content, ensure_ascii=False)
@@ -178,8 +179,9 @@ def test_render_and_render_batch_are_one_set_of_rules(adp_dir):
     trajectories = [_random_trajectory(rng, i) for i in range(1500)]
     trajectories += [_data.tool_traj(), _data.masked_traj(), _data.interleaved_traj(), _data.labeled_traj(),
                      _data.masked_observation_traj(), *_data.adp_trajectories(adp_dir)]
-    for opts in (RenderOptions(web_max_chars=3), RenderOptions(reasoning=False)):
-        batch = render_batch(_steps(trajectories), opts)
+    for opts in (RenderOptions(web_max_chars=3), RenderOptions(reasoning=False), RenderOptions(tool_format="text")):
+        # The text tool format must not depend on how arguments are spelt in storage (the store writes compact JSON).
+        batch = render_batch(_steps(trajectories, compact=opts.tool_format == "text"), opts)
         for r, traj in enumerate(trajectories):
             try:
                 turns = render(traj, opts)

@@ -86,10 +86,19 @@ def _preference(demo: dict[str, Any], tok: Any, tmp: Path, fmt: str) -> _tiny.Lo
 
 def _tokenized(demo: dict[str, Any], tok: Any) -> _tiny.LossCount:
     total = _tiny.LossCount()
+    requests: dict[str, list[dict[str, Any]]] = {}
     for row in _load(demo["root"] / "tokenized"):
-        (conv,) = preview(demo["trajectories"][row["id"]], "trl-sft", sft_layout="messages").rows
-        total += _tiny.loss_tokens(tok, conv["messages"], _tiny.tools_of(conv), row["input_ids"],
-                                   [bool(m) for m in row["assistant_masks"]])
+        traj = demo["trajectories"][row["id"]]
+        if "render" in traj.details:  # one row per trained message: its request, then it (the trl-sft rows' order)
+            pending = requests.setdefault(row["id"], preview(traj, "trl-sft").rows)
+            conv = pending.pop(0)
+            messages, trained_from = conv["prompt"] + conv["completion"], len(conv["prompt"])
+        else:
+            (conv,) = preview(traj, "trl-sft", sft_layout="messages").rows
+            messages, trained_from = conv["messages"], 0
+        total += _tiny.loss_tokens(tok, messages, _tiny.tools_of(conv), row["input_ids"],
+                                   [bool(m) for m in row["assistant_masks"]], trained_from=trained_from)
+    assert not any(requests.values())
     return total
 
 

@@ -72,7 +72,9 @@ def _assert_pages_stored(out: Path, trajectory: Trajectory) -> None:
 def test_rollout_on_the_shop_stores_web_observations_with_screenshots(shop_rollout: Path) -> None:
     (traj,) = Dataset.open(shop_rollout).iter_records()
     assert traj.id == "rollout/order-socks#0" and traj.success and traj.reward == 1.0
-    assert traj.steps[0].content == SOCKS and traj.details["env"]["name"] == "browser"
+    # The agent's system prompt opens the record, then the request.
+    assert traj.steps[0].name == "system" and traj.steps[1].content == SOCKS
+    assert traj.details["env"]["name"] == "browser"
     assert [r["passed"] for r in traj.details["evaluation"]["details"]["checks"]] == [True, True, True]
     _assert_pages_stored(shop_rollout, traj)
     assert traj.steps[-3].url.endswith("thanks.html?name=Ada") and "Order placed" in traj.steps[-3].axtree
@@ -128,13 +130,15 @@ def test_mcts_splice_on_miniwob_splices_the_bad_path_onto_the_good_one(search: d
     trajs = search["trajectories"]
     (spliced,) = [t for t in trajs.values() if t.details["role"] == "spliced"]
     info = spliced.details["splice"]
-    # [0] the request, [1] the page, [2] the wrong username and [3] its page (masked), [4] the revision,
-    # then the good path from its first action on: right username, password, Login.
-    assert info["prefix_len"] == 2 and info["first_error"] == 2 and info["masked"] == [2, 3]
-    assert info["error_source"] == "llm" and info["revision_index"] == 4
-    assert spliced.steps[2].arguments["text"] == WRONG_USER and not spliced.steps[2].train
-    assert spliced.steps[4].kind == "message" and spliced.steps[4].extra == {"kind": "revision"}
-    assert [s.function for s in spliced.steps[5:] if s.kind == "api"] == ["type", "type", "click"]
+    # [0] the system prompt, [1] the request, [2] the page, [3] the wrong username and [4] its page (masked),
+    # [5] the revision, then the good path from its first action on: right username, password, Login.
+    assert info["prefix_len"] == 3 and info["first_error"] == 3 and info["masked"] == [3, 4]
+    assert info["error_source"] == "llm" and info["revision_index"] == 5
+    assert spliced.steps[3].arguments["text"] == WRONG_USER and not spliced.steps[3].train
+    assert spliced.steps[5].kind == "message" and spliced.steps[5].extra == {"kind": "revision"}
+    assert [s.function for s in spliced.steps[6:] if s.kind == "api"] == ["type", "type", "click"]
+    # The revision and the good path's actions are declared: no request of the agent produced them as recorded.
+    assert [(r["kind"], r["steps"]) for r in spliced.details["rewrites"]] == [("written", [5]), ("context", [6, 8, 10])]
     assert spliced.success and spliced.reward == 1.0
     assert spliced.details["evaluation"]["reason"].startswith("MiniWoB reward +1")
     # The verifier read the pages of the failed path, not a placeholder.
@@ -148,8 +152,8 @@ def test_mcts_splice_on_miniwob_makes_dpo_pairs_and_counts_replays(search: dict[
     assert {p.level for p in pairs} == {"trajectory", "step"} and len(pairs) == 2
     for pair in pairs:
         chosen, rejected = trajs[pair.chosen_id], trajs[pair.rejected_id]
-        assert pair.prefix_len == 2 and chosen.steps[:2] == rejected.steps[:2]
-        assert chosen.steps[2].arguments["text"] != WRONG_USER and rejected.steps[2].arguments["text"] == WRONG_USER
+        assert pair.prefix_len == 3 and chosen.steps[:3] == rejected.steps[:3]
+        assert chosen.steps[3].arguments["text"] != WRONG_USER and rejected.steps[3].arguments["text"] == WRONG_USER
         assert pair.chosen_reward == 1.0 and pair.rejected_reward == 0.0
     # The browser cannot copy itself: both children replay the root (a fresh episode), then each
     # rollout replays its child's one action.
@@ -205,6 +209,7 @@ def test_step_verify_without_vision_falls_back_to_text_with_a_warning(shop_rollo
         summary, log = _verify(shop_rollout, tmp_path / "out")
     assert all(isinstance(b["messages"][1]["content"], str) for b in log)
     assert summary.counts["judge_screenshots_text_only"] == 15 and "judge_screenshots_shown" not in summary.counts
-    assert summary.counts["policy_none"] == 1  # the browser has no policy of its own
+    # The browser has no policy of its own: the rules are the agent's system prompt, recorded in the trajectory.
+    assert summary.counts["policy_system"] == 1
     warnings = [r.getMessage() for r in caplog.records if "judge.vision is off" in r.getMessage()]
     assert len(warnings) == 1

@@ -93,7 +93,7 @@ def test_evolved_tasks_are_the_models_and_kept_only_when_their_criteria_check(tm
     variants = [t for t in kept if t.details["curriculum"]["generation"] == 1]
     assert len(variants) == 2 and {t.details["curriculum"]["task_id"] for t in variants} == {f"{SEED.id}/easier"}
     v = variants[0]
-    assert v.steps[0].content == EASIER and v.details["task"]["instruction"] == EASIER
+    assert v.steps[0].name == "system" and v.steps[1].content == EASIER and v.details["task"]["instruction"] == EASIER
     assert v.details["task"]["goal"] == {"actions": CANCEL_CALLS, "communicate_info": []}
     assert v.details["task"]["metadata"]["evolved_from"] == SEED.id and v.provenance.parent_ids == [SEED.id]
     checks = {c["case"]: c for c in v.details["evolution"]["checks"]}
@@ -118,6 +118,10 @@ def test_evolved_tasks_are_the_models_and_kept_only_when_their_criteria_check(tm
     [stub] = [f for f in filtered.values() if f.decision.filter == "evolution_check"]
     assert stub.record.details["task"]["instruction"] == HARDER
     assert stub.decision.reason == "wrong solution 1 passes: goal state reached"
+    # The stub shows the solution's run: no model chose those actions, and the record says so.
+    solution = [i for i, s in enumerate(stub.record.steps) if s.kind in ("api", "message")]
+    assert solution and stub.record.details["rewrites"] == [
+        {"steps": solution, "kind": "written", "reason": "the evolved task's solution, run by the evolution check"}]
     assert summary.counts["evolved_easier"] == 1 and summary.counts["evolve_rejected_harder"] == 1
 
 

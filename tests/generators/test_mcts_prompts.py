@@ -84,3 +84,48 @@ def test_memoised_calls_equal_fresh_calls_and_keep_tokens() -> None:
     assert "error" in first[2][2] and first[2][3] == first[1][3]  # a refused call changes nothing
     assert first[4][2].get("rule_violation") and first[4][3] == first[3][3]  # rolled back: tokens unchanged
     assert first[0][3] == first[1][3] != first[3][3]  # lookups change nothing; the write does
+
+
+def test_exports_rebuild_windowed_requests_exactly() -> None:
+    """With a history window that drops messages, each trl-sft row of the episode is still the very request the
+    agent sent (the export runs the agent's own request function over the stored record)."""
+    from converters.export import preview
+    from generators._episode import play_episode
+    from generators.scripted import ScriptedRetailLLM, cancel_tasks
+
+    task = cancel_tasks(1)[0]
+    llm = ScriptedRetailLLM([task])
+    policy = AgentPolicy(llm, RetailEnv(0).tools(), max_history_chars=300)
+
+    async def episode():
+        async with RetailEnv(0) as env:
+            return await play_episode(env, policy, task, max_steps=8)
+
+    steps = asyncio.run(episode()).steps
+    sent = [_arguments_as_objects(r.messages) for r in llm.requests]
+    # The window dropped messages: a later request is no longer than the one before it.
+    assert len(sent) >= 3 and any(len(b) <= len(a) for a, b in zip(sent, sent[1:]))
+    traj = Trajectory(id="w", source="rollout", steps=steps, tools=policy.tools,
+                      details={"render": policy.settings.model_dump()})
+    rows = preview(traj, "trl-sft").rows
+    assert [_arguments_as_objects(r["prompt"]) for r in rows] == sent
+    assert all(r["prompt"][0] == {"role": "system", "content": steps[0].content} for r in rows)
+    # --history full: the whole history instead, one segment (no step is masked): system prompt and task, then all.
+    (full,) = preview(traj, "trl-sft", history="full").rows
+    assert [m["role"] for m in full["prompt"]] == ["system", "user"] and full["prompt"][0] == rows[0]["prompt"][0]
+    assert sum(m["role"] == "assistant" for m in full["completion"]) == len(rows)
+
+
+def _arguments_as_objects(messages: list[dict]) -> list[dict]:
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if v is not None}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _object(c["function"]["arguments"])}}
+                               for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _object(arguments: str | dict) -> dict:
+    return arguments if isinstance(arguments, dict) else json.loads(arguments)

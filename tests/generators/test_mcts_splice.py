@@ -23,6 +23,12 @@ def _method(**cfg) -> tuple[MCTSSplice, ScriptedRetailLLM]:
     return method, llm
 
 
+def masked(steps) -> list[int]:
+    """The loss-masked steps after the system step (the system prompt is context, never trained)."""
+    assert steps[0].name == "system" and not steps[0].train
+    return [i for i, s in enumerate(steps) if not s.train and i > 0]
+
+
 @pytest.fixture(scope="module")
 def result():
     method, _ = _method()
@@ -32,23 +38,27 @@ def result():
 def test_spliced_masks_are_exact(result):
     spliced = {t.id.rsplit("/", 2)[-2]: t for t in result.trajectories if t.details["role"] == "spliced"}
     assert set(spliced) == {"n2+n1", "n6+n1", "n10+n3", "n14+n4"}
-    # n2 = the wrong cancel right at the root: [0] task, [1] wrong cancel (masked), [2] its result
-    # (masked), [3] revision thought, then n1's whole path from step 1 on (trained).
+    # n2 = the wrong cancel right at the root: [0] system prompt, [1] task, [2] wrong cancel (masked), [3] its
+    # result (masked), [4] revision thought, then n1's whole path from step 2 on (trained).
     t = spliced["n2+n1"]
-    assert [i for i, s in enumerate(t.steps) if not s.train] == [1, 2]
-    assert t.details["splice"] == {**t.details["splice"], "prefix_len": 1, "first_error": 1, "masked": [1, 2],
-                                   "revision_index": 3, "error_source": "llm"}
-    assert t.steps[1].kind == "api" and t.steps[1].function == "cancel_pending_order"
-    assert isinstance(t.steps[3], MessageAction) and t.steps[3].extra == {"kind": "revision"} and t.steps[3].train
+    assert masked(t.steps) == [2, 3]
+    assert t.details["splice"] == {**t.details["splice"], "prefix_len": 2, "first_error": 2, "masked": [2, 3],
+                                   "revision_index": 4, "error_source": "llm"}
+    assert t.steps[2].kind == "api" and t.steps[2].function == "cancel_pending_order"
+    assert isinstance(t.steps[4], MessageAction) and t.steps[4].extra == {"kind": "revision"} and t.steps[4].train
+    # What the agent's requests did not produce as recorded: the revision, and n1's continuation.
+    assert t.details["rewrites"][0] == {"steps": [4], "kind": "written",
+                                        "reason": "the revision thought (template), spliced in"}
+    assert t.details["rewrites"][1]["kind"] == "context" and t.details["rewrites"][1]["steps"] == [5, 7, 9, 11]
     assert [s.function for s in t.steps if s.kind == "api" and s.train] == [
         "find_user_id_by_name_zip", "get_order_details", "cancel_pending_order"]
     assert t.reward == 1.0 and t.success
-    # n6: wrong cancel after finding the user: prefix [0..2] trained, [3, 4] masked, [5] revision.
+    # n6: wrong cancel after finding the user: prefix [1..3] trained, [4, 5] masked, [6] revision.
     for key in ("n6+n1", "n10+n3", "n14+n4"):
         s = spliced[key]
-        assert [i for i, st in enumerate(s.steps) if not st.train] == [3, 4]
-        assert s.details["splice"]["revision_index"] == 5 and s.steps[5].extra["kind"] == "revision"
-        assert all(st.train for st in s.steps[:3])
+        assert masked(s.steps) == [4, 5]
+        assert s.details["splice"]["revision_index"] == 6 and s.steps[6].extra["kind"] == "revision"
+        assert all(st.train for st in s.steps[1:4])
     # Tool call ids stay unique within a spliced trajectory.
     ids = [s.tool_call_id for s in t.steps if s.kind == "api"]
     assert len(ids) == len(set(ids))
@@ -77,7 +87,7 @@ def test_first_error_sources():
         r = asyncio.run(method.run_task(TaskSpec(id=cancel_tasks(1)[0].id)))
         spliced = [t for t in r.trajectories if t.details["role"] == "spliced"]
         assert len(spliced) == 1 and spliced[0].details["splice"]["error_source"] == source
-        assert spliced[0].details["splice"]["first_error"] == 1
+        assert spliced[0].details["splice"]["first_error"] == 2
         assert r.counts[f"first_error_{source}"] == 1
 
 
@@ -125,6 +135,6 @@ def test_model_written_revision_gets_the_error_context_and_is_spliced_trained():
         revision = traj.steps[info["revision_index"]]
         assert isinstance(revision, MessageAction) and revision.extra == {"kind": "revision"}
         assert revision.content == REVISION_ANSWER.format(step=wrong) and revision.train
-        assert [i for i, s in enumerate(traj.steps) if not s.train] == info["masked"]
+        assert masked(traj.steps) == info["masked"]
         assert info["masked"] == list(range(info["prefix_len"], info["revision_index"]))
         assert error_step.kind == "api" and not error_step.train and not traj.steps[info["first_error"] + 1].train

@@ -113,6 +113,12 @@ def test_two_wrong_steps_are_masked_reflected_on_and_corrected(tmp_path):
     assert all(v["reason"] for v in info["verdicts"]) and info["verdicts"][0]["verdict"] == "correct"
     assert t.details["evaluation"]["success"] and t.provenance.parent_ids == [f"rollout/{TASK.id}#0"]
     assert summary.counts["corrections"] == 2 and summary.counts["kept"] == 1
+    # The record opens with the failed rollout's system prompt (its replayed actions answered it) and declares
+    # the teacher's words: no request of the agent produced them.
+    [failed] = list(Dataset.open(inputs).iter_records())
+    assert t.steps[0] == failed.steps[0] and t.steps[0].name == "system"
+    assert t.details["rewrites"] == [{"steps": [wrong[0] + 2, wrong[0] + 3, wrong[1] + 2, wrong[1] + 3],
+                                      "kind": "written", "reason": "the teacher's reflection and corrected action"}]
     # The viewer shows both corrections: masked bad segments and two revision thoughts.
     segs = segments(t)
     assert [i for i, seg in enumerate(segs) if seg == "revision"] == [wrong[0] + 2, wrong[1] + 2]

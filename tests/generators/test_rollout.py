@@ -90,7 +90,12 @@ def test_rollout_retail_rewards_parse_failures_and_llm_quarantine(tmp_path):
     for t in kept.values():
         assert t.reward == 1.0 and t.success is True and t.source == "rollout"
         assert {x.name for x in t.tools} >= {"cancel_pending_order", "get_order_details"}
-        assert t.steps[0].kind == "text" and t.steps[0].source == "user"
+        # The system prompt the model received opens the record (sample 1's with its attempt mark), then the task.
+        system = t.steps[0]
+        assert system.kind == "text" and system.name == "system" and system.train is False
+        assert any(b["messages"][0] == {"role": "system", "content": system.content} for b in requests)
+        assert system.content.endswith("(Attempt 2.)") == t.id.endswith("#1")
+        assert t.steps[1].kind == "text" and t.steps[1].source == "user"
         assert t.steps[-1].kind == "text" and t.steps[-1].source == "user" and "###STOP###" in t.steps[-1].content
         p = t.provenance
         assert p.method == "rollout" and p.model == "openai:fake-model" and p.task_id == t.details["task"]["id"]
@@ -103,7 +108,7 @@ def test_rollout_retail_rewards_parse_failures_and_llm_quarantine(tmp_path):
     # The failed step is recorded, untrained, and the environment never saw it.
     retried = kept[f"rollout/{tasks[2].id}#0"]
     assert retried.details["parse_failures"] == 1
-    bad, feedback = retried.steps[1], retried.steps[2]
+    bad, feedback = retried.steps[2], retried.steps[3]
     assert bad.source == "agent" and bad.train is False and bad.label == "bad" and "parse_error" in bad.extra
     assert feedback.name == "parse_error" and feedback.content.startswith("Error:")
     assert retried.details["actions"] == len(tasks[2].goal["actions"]) + 1
@@ -153,9 +158,10 @@ def test_rollout_in_simulated_env_from_a_tasks_file(tmp_path):
         summary = asyncio.run(generate(load_config(config), tmp_path / "out"))
     [t] = list(Dataset.open(tmp_path / "out").iter_records())
     assert summary.processed == 1 and t.reward == 1.0 and t.success
-    assert [s.kind for s in t.steps] == ["text", "api", "text", "message", "text"]
-    assert t.steps[2].content == '{"temp_c": 21, "sky": "sunny"}' and t.steps[2].tool_call_id == t.steps[1].tool_call_id
-    assert t.steps[4].source == "user" and t.details["evaluation"]["reason"] == "The agent reported the weather."
+    assert [s.kind for s in t.steps] == ["text", "text", "api", "text", "message", "text"]
+    assert t.steps[0].name == "system" and t.steps[0].content.endswith("# Policy\nBe accurate.")  # what the agent read
+    assert t.steps[3].content == '{"temp_c": 21, "sky": "sunny"}' and t.steps[3].tool_call_id == t.steps[2].tool_call_id
+    assert t.steps[5].source == "user" and t.details["evaluation"]["reason"] == "The agent reported the weather."
     assert t.details["env"]["name"] == "simulated" and "tools_sha256" in t.details["env"]["config"]
 
 

@@ -177,7 +177,8 @@ def test_self_challenging_end_to_end(tmp_path, monkeypatch):
     first = kept[0]
     assert first.details["challenge"]["verifier"] == STRICT and first.details["challenge"]["solution"] == [CANCEL]
     assert len(first.details["challenge"]["failure_cases"]) == 3 and first.details["verifier"]["passed"] is True
-    assert first.steps[0].content == INSTRUCTION and first.steps[1].function == "cancel_pending_order"
+    assert first.steps[0].name == "system" and first.steps[1].content == INSTRUCTION
+    assert first.steps[2].function == "cancel_pending_order"
     assert first.provenance.method == "self_challenging" and first.provenance.task_id == "retail-s0-challenge-0000"
     # The task is replayable: the solution is its reference actions, beside the verifier.
     assert first.details["task"]["goal"]["actions"] == [CANCEL] and first.details["evaluation"]["reason"] == "verify returned True"

@@ -46,10 +46,10 @@ def test_labels_reasons_and_agreement(tmp_path):
     # follows task completion, which the rule replays in worker threads make timing-dependent.
     spliced = after[next(i for i, t in before.items() if t.details["role"] == "spliced")]
     labels = [(i, s.label) for i, s in enumerate(spliced.steps) if s.kind in ("api", "message")]
-    # [1] the wrong cancel (masked) is bad, the revision [3] stays unlabeled, the rest is good.
-    assert labels[0] == (1, "bad") and labels[1] == (3, "unknown")
+    # [2] the wrong cancel (masked) is bad, the revision [4] stays unlabeled, the rest is good.
+    assert labels[0] == (2, "bad") and labels[1] == (4, "unknown")
     assert all(lab == "good" for _, lab in labels[2:])
-    assert spliced.steps[1].extra["judge_reason"] and spliced.steps[1].extra["rule_label"] == "bad"
+    assert spliced.steps[2].extra["judge_reason"] and spliced.steps[2].extra["rule_label"] == "bad"
     # They disagree only where the scripted judge calls a reference call good although it errs
     # (the correct cancel after the wrong one): the rules see the error.
     # The retail rules replay the world: they are ground truth ("replay") to measure the judge against.

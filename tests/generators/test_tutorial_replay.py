@@ -193,20 +193,23 @@ def test_kept_trajectories_start_with_their_tutorials_goal(run: dict[str, Any]) 
         goal = SPECS[tid]["goal"]
         # The spec writer read this tutorial; its goal is the episode's first user turn.
         assert any(tutorials[tid]["text"] in text_of(b["messages"][1]) for b in spec_requests)
-        assert traj.steps[0].kind == "text" and traj.steps[0].source == "user" and traj.steps[0].content == goal
-        assert traj.steps[1].kind == "web" and traj.id == f"tutorial_replay/{tid}#0"
+        assert traj.steps[1].kind == "text" and traj.steps[1].source == "user" and traj.steps[1].content == goal
+        assert traj.steps[2].kind == "web" and traj.id == f"tutorial_replay/{tid}#0"
         assert traj.details["spec"]["goal"] == goal and traj.details["tutorial"]["title"] == tutorials[tid]["title"]
         assert traj.provenance.task_id == tid and traj.success is True
         # The agent was asked with the goal as the user's request and the spec's steps in its system prompt.
         mine = [b for b in agent_requests if text_of(b["messages"][1]) == goal]
         assert mine and all(step in mine[0]["messages"][0]["content"] for step in SPECS[tid]["steps"])
         assert "Follow it step by step" in mine[0]["messages"][0]["content"]
+        # That system prompt, guidance and all, is the record's first step: exports train with what the agent saw.
+        assert traj.steps[0].name == "system" and traj.steps[0].content == mine[0]["messages"][0]["content"]
     socks = run["kept"]["tiny-shop-order-socks"]
     assert socks.steps[-2].kind == "message" and "Order placed" in socks.steps[-3].axtree
     assert socks.details["success_source"] == "judge" and socks.details["judge"]["model"] == "openai:fake-judge"
     # A public URL of the site opened the served copy.
     price = run["kept"]["tiny-shop-find-a-price"]
-    assert price.details["spec"]["start"] == {"start_url": "/index.html"} and price.steps[1].url.startswith("http://127.0.0.1")
+    assert price.details["spec"]["start"] == {"start_url": "/index.html"}
+    assert price.steps[2].url.startswith("http://127.0.0.1")
     login = run["kept"]["miniwob-login-form"]
     assert login.details["spec"]["start"] == {"miniwob": "login-user"} and login.details["success_source"] == "env"
     assert login.reward == 1.0 and login.details["evaluation"]["reason"].startswith("MiniWoB reward +1")
@@ -294,5 +297,5 @@ def test_replay_in_the_simulated_web_env(tmp_path: Path) -> None:
                   text_of(b["messages"][1]).startswith("SIMULATE START PAGE")]
     (traj,) = Dataset.open(tmp_path / "out").iter_records()
     assert summary.counts["replay_success"] == 1 and traj.success
-    assert traj.steps[0].content == SPECS[tid]["goal"] and traj.steps[1].kind == "web"
+    assert traj.steps[1].content == SPECS[tid]["goal"] and traj.steps[2].kind == "web"
     assert len(starts) == 1 and "https://tinyshop.example/search.html?q=scarf" in starts[0]

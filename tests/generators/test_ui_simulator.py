@@ -114,15 +114,19 @@ def test_ui_simulator_propose_rollout_judge_rewrite_grow_by_success_rate(tmp_pat
                                   + [f"ui_simulator/{cents}#{a}" for a in range(4)])
     for t in kept.values():
         assert t.success is True and t.reward == 1.0 and t.source == "ui_simulator"
-        assert t.steps[0].source == "user" and t.steps[0].content == f"Rewritten: {t.details['original_instruction']}"
-        assert t.details["rewritten_instruction"] == t.steps[0].content
-        assert t.steps[1].kind == "web" and t.steps[1].url == "http://mugs.test/"  # the explored start page
+        assert t.steps[0].name == "system" and t.steps[1].source == "user"
+        assert t.steps[1].content == f"Rewritten: {t.details['original_instruction']}"
+        assert t.details["rewritten_instruction"] == t.steps[1].content
+        # The agent answered the original instruction: every action's context was rewritten, and the record says so.
+        actions = [i for i, s in enumerate(t.steps) if s.kind in ("api", "message")]
+        assert [(r["kind"], r["steps"]) for r in t.details["rewrites"]] == [("context", actions)]
+        assert t.steps[2].kind == "web" and t.steps[2].url == "http://mugs.test/"  # the explored start page
         assert t.details["judge"]["success"] is True and t.details["judge"]["reasoning"] == "done as asked"
         assert t.details["walk"] == [HOME["url"], MUGS["url"]]
         assert [x.name for x in t.tools] == ["click", "type", "scroll", "go_back", "goto"]
         assert t.provenance.method == "ui_simulator" and t.provenance.task_id == t.details["task"]["id"]
     bought = kept[f"ui_simulator/{buy}#0"]
-    assert [s.kind for s in bought.steps] == ["text", "web", "api", "web", "message", "text"]
+    assert [s.kind for s in bought.steps] == ["text", "text", "web", "api", "web", "message", "text"]
     assert bought.details["original_instruction"] == "Buy the blue mug." and bought.provenance.parent_ids == []
     # Only the price task (3 of 4 attempts) lies in the [0.25, 0.75] band: the purchase is always solved and
     # the moon was dropped after two failures.
@@ -244,5 +248,5 @@ def test_ui_simulator_in_the_web_shop(tmp_path):
     [t] = list(Dataset.open(tmp_path / "out").iter_records())
     assert summary.counts["successes"] == 1 and t.success
     assert "Welcome to the shop" in _first_user(proposer) and len(t.details["walk"]) == 3
-    assert t.steps[0].content == "Tell me a category of the shop." and t.steps[1].kind == "web"
-    assert "rewritten_instruction" not in t.details
+    assert t.steps[1].content == "Tell me a category of the shop." and t.steps[2].kind == "web"
+    assert "rewritten_instruction" not in t.details and "rewrites" not in t.details

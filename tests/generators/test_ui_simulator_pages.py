@@ -119,8 +119,8 @@ def test_proposals_are_rolled_out_judged_and_relabelled_on_real_pages(shop: dict
     assert len(socks) == 4 and all(t.success and t.reward == 1.0 for t in socks)
     for t in socks:
         # The first user step is the instruction rewritten from what the trajectory did; the original is kept.
-        assert t.steps[0].source == "user" and t.steps[0].content == "Place an order of two red socks for Ada."
-        assert t.details["rewritten_instruction"] == t.steps[0].content
+        assert t.steps[1].source == "user" and t.steps[1].content == "Place an order of two red socks for Ada."
+        assert t.details["rewritten_instruction"] == t.steps[1].content
         assert t.details["judge"] == {"reasoning": "the pages show it", "success": True}
         pages = [s for s in t.steps if isinstance(s, WebObservation)]
         assert pages[-1].url.endswith("thanks.html?name=Ada") and "Red socks x 2" in pages[-1].axtree
@@ -133,7 +133,7 @@ def test_proposals_are_rolled_out_judged_and_relabelled_on_real_pages(shop: dict
     assert judged and all(re.search(r"\nTOOL: page http://\S+/thanks\.html\?name=Ada\n", j) for j in judged)
     hats = {t.details["attempt"] for t in kept.values() if t.details["original_instruction"] == HAT}
     assert hats == {0, 2, 3}
-    assert kept["ui_simulator/round-0000/t1#0"].steps[0].content == "Tell me what the blue hat costs."
+    assert kept["ui_simulator/round-0000/t1#0"].steps[1].content == "Tell me what the blue hat costs."
     (wrong,) = shop["filtered"]
     assert wrong.record.id == "ui_simulator/round-0000/t1#1" and wrong.decision.reason == "unsuccessful: wrong outcome"
 
@@ -146,7 +146,7 @@ def test_grow_on_the_browser_falls_back_to_the_success_rate(shop: dict[str, Any]
     assert len(variants) == 4 and all(t.details["original_instruction"] == SCARF for t in variants)
     for t in variants:
         assert t.provenance.parent_ids == ["round-0000/t1"] and t.details["grow"]["success_rate"] == 0.75
-        assert t.steps[0].content == "Tell me what the green scarf costs." and t.steps[1].url.startswith("http://127.0")
+        assert t.steps[1].content == "Tell me what the green scarf costs." and t.steps[2].url.startswith("http://127.0")
 
 
 def test_the_real_pages_are_recorded_to_a_state_store(shop: dict[str, Any]) -> None:
@@ -220,8 +220,8 @@ def test_ui_simulator_in_the_simulated_env_seeded_from_recorded_real_states(shop
     entry = next(s for s in recorded if s["action"] is None)
     # The episode starts on the real entry page (no model writes it); the simulated pages copy real ones.
     assert not [b for b in log if first_user(b).startswith("SIMULATE START PAGE")]
-    assert traj.steps[1].url == entry["url"] and traj.steps[1].axtree == entry["axtree"]
-    assert traj.success and traj.steps[0].content == "Tell me what the blue hat costs."
+    assert traj.steps[2].url == entry["url"] and traj.steps[2].axtree == entry["axtree"]
+    assert traj.success and traj.steps[1].content == "Tell me what the blue hat costs."
     hat = next(s for s in recorded if s["action_text"] == "click link 'Blue hat'")
     (page,) = [s for s in traj.steps if isinstance(s, WebObservation) and s.url.endswith("sku=hat")]
     assert page.axtree == hat["axtree"]

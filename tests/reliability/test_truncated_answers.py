@@ -63,8 +63,8 @@ def test_truncated_answers_are_retried_then_recorded_as_failed_untrainable_steps
     assert len(trajectories) == 24
     failed_truncated = trainable_cut = whole = 0
     for t in trajectories:
-        instruction = t.steps[0].content
-        for step in t.steps[1:]:
+        instruction = t.steps[1].content  # after the system prompt
+        for step in t.steps[2:]:
             if step.kind == "message" and step.train:
                 # A whole answer of the fake server echoes the whole request.
                 if step.content != f"echo[0]: {instruction}":

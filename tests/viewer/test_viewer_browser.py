@@ -95,7 +95,9 @@ def test_filters_change_the_counts(page, served, records):
     assert int(page.inner_text("#total")) == len(records)
     expected = {
         ("success", "false"): sum(t.success is False for t in records),
-        ("masked", "yes"): sum(any(not s.train for s in t.steps) for t in records),
+        # The system prompt's step (train = false) is context, not a masked step.
+        ("masked", "yes"): sum(any(not s.train and getattr(s, "name", None) != "system" for s in t.steps)
+                               for t in records),
         ("label", "bad"): sum(any(s.label == "bad" for s in t.steps) for t in records),
     }
     for (name, value), n in expected.items():
@@ -120,7 +122,7 @@ def test_spliced_trajectory_shows_masked_steps_and_revision(page, served, record
     open_hash(page, served, f"/{i}/t/{quote(SPLICED, safe='')}")
     page.wait_for_selector("article.trajectory .step")
     masked = [int(x) for x in page.locator(".step.masked").evaluate_all("els => els.map(e => e.dataset.index)")]
-    assert masked == splice["masked"] == [k for k, s in enumerate(spliced.steps) if not s.train]
+    assert masked == splice["masked"] == [k for k, s in enumerate(spliced.steps) if not s.train and k > 0]
     assert all("train=false (masked)" in t for t in page.locator(".step.masked .step-head").all_inner_texts())
     assert page.locator(".step.seg-bad").count() == len(masked)
     revision = page.locator(".step.revision")
@@ -129,7 +131,7 @@ def test_spliced_trajectory_shows_masked_steps_and_revision(page, served, record
     continuation = page.locator(".step.seg-continuation").evaluate_all("els => els.map(e => +e.dataset.index)")
     assert continuation == list(range(splice["revision_index"] + 1, len(spliced.steps)))
     summary = page.inner_text(".revision-summary")
-    assert "bad segment, loss masked: steps 1–2" in summary and f"revision thought: step {splice['revision_index']}" in summary
+    assert "bad segment, loss masked: steps 2–3" in summary and f"revision thought: step {splice['revision_index']}" in summary
     shoot(page, "spliced")
     # The source paths link to the bad and the good path the splice was made of.
     page.click(".revision-summary .source-path >> text=bad source path")

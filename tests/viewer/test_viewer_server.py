@@ -182,9 +182,12 @@ def test_loss_tokens_follow_the_export_masks(tokenizer_dir):
     revision = spliced.steps[spliced.details["splice"]["revision_index"]]
     assert isinstance(revision, MessageAction)
     for fmt in ("trl-sft", "openai"):
-        (tokens,) = loss_tokens(spliced, fmt, tokenizer_dir)
-        trained = "".join(t for t, loss in tokens if loss)
-        untrained = "".join(t for t, loss in tokens if not loss)
+        # trl-sft: one row per trained request of the generated record; openai: the whole conversation.
+        rows = loss_tokens(spliced, fmt, tokenizer_dir)
+        assert len(rows) == (len([s for s in spliced.steps if s.kind in ("api", "message") and s.train]) - 1
+                             if fmt == "trl-sft" else 1)  # the revision and the next call share a message
+        trained = "".join(t for tokens in rows for t, loss in tokens if loss)
+        untrained = "".join(t for tokens in rows for t, loss in tokens if not loss)
         assert revision.content in trained, fmt
         assert '"reason": "ordered by mistake"' in untrained and "ordered by mistake" not in trained, fmt
         assert "Please cancel my pending order" in untrained and "Please cancel" not in trained, fmt

@@ -307,6 +307,8 @@ function drawFacets(aside, i, table, facets, params) {
 
 // ---- steps ----------------------------------------------------------------------------------------
 
+// A loss-masked step: train = false, except the system prompt's step (context, never a training target).
+const isMasked = (s) => s.train === false && s.name !== "system";
 const SEGMENTS = {prefix: "shared prefix", bad: "bad segment (masked)", revision: "revision", continuation: "good continuation"};
 const ACTIONS = new Set(["api", "code", "message"]);
 
@@ -349,7 +351,8 @@ function stepCard(i, step, index, opts) {
   const reason = extra.judge_reason;
   delete extra.judge_reason;
   const revision = extra.kind === "revision" || segment === "revision";
-  const classes = ["step", `kind-${step.kind}`, `role-${role}`, segment ? `seg-${segment}` : "", step.train === false ? "masked" : "",
+  const masked = isMasked(step);
+  const classes = ["step", `kind-${step.kind}`, `role-${role}`, segment ? `seg-${segment}` : "", masked ? "masked" : "",
     revision ? "revision" : "", opts.system && opts.system.includes(index) ? "system" : "", opts.fork === index ? "fork" : ""];
   const who = step.kind === "text" || step.kind === "json" ? `${step.source}${step.name ? ` · ${step.name}` : ""}` : role;
   return h("div", {class: classes.filter(Boolean).join(" "), "data-index": index, id: `${opts.prefix || "step"}-${index}`},
@@ -357,7 +360,7 @@ function stepCard(i, step, index, opts) {
       h("span", {class: "idx", text: `#${index}`}), h("span", {class: "kind", text: step.kind}), h("span", {class: "who", text: who}),
       opts.fork === index ? badge("fork", "fork-badge") : null,
       segment ? badge(SEGMENTS[segment], `segment seg-${segment}`) : revision ? badge("revision", "segment seg-revision") : null,
-      step.train === false ? badge("train=false (masked)", "masked") : null,
+      masked ? badge("train=false (masked)", "masked") : null,
       step.label && step.label !== "unknown" ? badge(step.label, `label ${step.label}`, reason) : null,
       reason ? h("span", {class: "judge-reason", text: reason}) : null,
       step.reward !== null && step.reward !== undefined ? badge(`reward ${fmtNum(step.reward)}`, "reward") : null,
@@ -444,7 +447,7 @@ async function trajectoryPage(r) {
     h("div", {class: "badges"}, badge(t.source, "source"), t.provenance.method ? badge(t.provenance.method, "method") : null,
       successBadge(t.success), t.reward !== null ? badge(`reward ${fmtNum(t.reward)}`, "reward") : null,
       badge(`${t.steps.length} steps`, "muted"),
-      t.steps.some((s) => s.train === false) ? badge(`${t.steps.filter((s) => s.train === false).length} masked`, "masked") : null),
+      t.steps.some(isMasked) ? badge(`${t.steps.filter(isMasked).length} masked`, "masked") : null),
     decision, judgeBadges(t.details),
     revisionSummary(i, view),
     system ? h("details", {class: "system-prompt", open: true}, h("summary", {text: "system / policy"}), pre(system)) : null,
