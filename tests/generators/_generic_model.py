@@ -14,7 +14,7 @@
 - A curriculum writer asked for tau2-style criteria writes the seed's criteria plus its first action
   once more (a new task the world can check; its one wrong solution does nothing).
 - Anything else (a persona user, a model-written revision) gets a short text; a persona user
-  leaves at once with ###STOP###.
+  asks for help, then leaves with ###STOP###.
 """
 
 from __future__ import annotations
@@ -113,6 +113,10 @@ class GenericModel:
         messages = body["messages"]
         system = str(messages[0].get("content", "")) if messages else ""
         if "playing a customer" in system:
+            # The persona opens with a request (an opening that already stops is a broken user) and
+            # leaves at its next turn.
+            if not any(m["role"] == "assistant" for m in messages):
+                return "Hi, I need some help with an order of mine."
             return "Thanks, that is all. ###STOP###"
         if body.get("tools"):
             return self._agent(body)
