@@ -25,11 +25,12 @@ from backends.base import LLM
 from backends.types import Completion
 from converters.export.render import RenderOptions, messages, render
 from generators.transcript import TranscriptError, parse_assistant, strip_reasoning, tools_block
-from schemas.models import ApiAction, MessageAction, Step, Tool, Trajectory
+from schemas.models import ApiAction, MessageAction, Step, Tool, Trajectory, Usage
 
 ACTION_KINDS = ("api", "code", "message")
-# The start of a Proposal error for an answer cut short; episodes count failed steps by it.
+# The start of a Proposal error for an answer cut short, or refused; episodes count failed steps by it.
 TRUNCATED = "truncated answer"
+REFUSED = "refused"
 RENDER_CACHE_SIZE = 512
 
 SYSTEM = (
@@ -51,6 +52,8 @@ class Proposal:
     action: ApiAction | MessageAction | None
     raw: str
     error: str | None = None
+    # The model call that made it (the action carries it too); a failed step records it.
+    usage: Usage | None = None
 
 
 def openai_tools(tools: list[Tool]) -> list[dict[str, Any]]:
@@ -113,8 +116,14 @@ class AgentPolicy:
             completions = await self.llm.chat(msgs, tools=self._wire_tools, n=n, **params)
         else:
             completions = await self.llm.chat(msgs, n=n, **params)
-        return [_truncated(c) if c.finish_reason == "length" else self._read(c.text, c.tool_calls)
-                for c in completions]
+        proposals = []
+        for c in completions:
+            proposal = _unusable(c) if c.unusable or c.finish_reason == "length" else self._read(c.text, c.tool_calls)
+            proposal.usage = self.llm.step_usage(c)
+            if proposal.action is not None:
+                proposal.action.usage = proposal.usage
+            proposals.append(proposal)
+        return proposals
 
     def _read(self, text: str, tool_calls: list[Any]) -> Proposal:
         visible, reasoning = strip_reasoning(text or "")
@@ -143,10 +152,14 @@ class AgentPolicy:
         return Proposal(MessageAction(content=thought, reasoning=reasoning), text)
 
 
-def _truncated(completion: Completion) -> Proposal:
-    """An answer the backend could only get cut short: never an action (its end is missing)."""
+def _unusable(completion: Completion) -> Proposal:
+    """An answer the backend could only get unusable (cut short, an unparseable or refused tool call):
+    never an action (its end is missing, or its call cannot be made)."""
     raw = completion.text or "".join(f"{c.name}({c.arguments}" for c in completion.tool_calls)
-    return Proposal(None, raw, f"{TRUNCATED} (finish_reason=length after the retries)")
+    if completion.finish_reason == "length":
+        return Proposal(None, raw, f"{TRUNCATED} (finish_reason=length after the retries)")
+    why = completion.unusable or "unusable answer"
+    return Proposal(None, raw, why if why.startswith(REFUSED) else f"unreadable answer: {why}")
 
 
 class _RenderCache:
