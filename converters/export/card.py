@@ -97,6 +97,7 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
             "failed trajectories": ("included" if report.include_failed else "left out") if fmt.supervised else "-",
         },
         "distributions": dists,
+        "usage": report.usage.as_card(),
     }
 
 
@@ -184,6 +185,7 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
              s["tokens_max"], s["tokens_total"]] for s in data["token_stats"]
         ]), "",
     ]
+    parts += usage_section(data.get("usage") or {})
     parts += training_section(data)
     if reasons:
         parts += ["## Filtered upstream", "", "Records the source dataset's filter or dedup stage dropped "
@@ -198,6 +200,33 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
         _table(["setting", "value"], [[k, v] for k, v in data["settings"].items()]), "",
     ]
     return "\n".join(parts)
+
+
+def _cost(value: float | None) -> str:
+    return "unknown (calls without llm.price)" if value is None else f"${value:,.4f}"
+
+
+def usage_section(usage: dict[str, Any]) -> list[str]:
+    """Markdown: the model calls behind the exported records (tokens, cost) and the episodes' success rate."""
+    parts: list[str] = []
+    if usage.get("usage_total"):
+        t = usage["usage_total"]
+        parts += ["## Model usage", "",
+                  f"The model calls that made the steps of the exported trajectories: {t['calls']:,} calls "
+                  f"({t['cached']:,} served from the cache, at no cost), {t['prompt_tokens']:,} prompt and "
+                  f"{t['completion_tokens']:,} completion tokens, {t['latency_s']:,.1f} s, cost {_cost(t['cost_usd'])} "
+                  "(local models cost 0; retried attempts included).", "",
+                  _table(["method", "environment", "calls", "cached", "prompt tokens", "completion tokens", "cost"],
+                         [[r["method"], r["env"], r["calls"], r["cached"], r["prompt_tokens"], r["completion_tokens"],
+                           _cost(r["cost_usd"])] for r in usage["usage"]]), ""]
+    if usage.get("outcomes"):
+        parts += ["## Success rate", "",
+                  "Successes / episodes of the input trajectories with a known outcome (before failed ones are "
+                  "left out).", "",
+                  _table(["method", "environment", "successes", "episodes", "rate"],
+                         [[o["method"], o["env"], o["successes"], o["episodes"], f"{o['rate']:.1%}"]
+                          for o in usage["outcomes"]]), ""]
+    return parts
 
 
 def _length_heading(fmt: str) -> list[str]:

@@ -26,8 +26,8 @@ from schemas.arrow import PAIR_SCHEMA, TRAJECTORY_SCHEMA, pair_to_row, trajector
 _KINDS = pa.array(KINDS)
 _ORIGINS = pa.array(["user", "agent", "environment"])
 _LABELS = pa.array(["good", "bad", "unknown"])
-# The trajectory columns the exporter reads.
-COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance"]
+# The trajectory columns the exporter reads (details: for the card's per-environment counts).
+COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance", "details"]
 
 
 @dataclass

@@ -31,6 +31,7 @@ from converters.export.records import COLUMNS, Batch, pair_refs
 from converters.export.render import Conversation, RenderOptions, Unrenderable
 from converters.export.sharegpt import DATASET_INFO
 from converters.export.tokenized import ChatTokenizer, TokenizerError
+from converters.export.usage import UsageReport
 from converters.export.writer import DEFAULT_SHARD_ROWS, TEMP_PREFIX, ShardWriter
 from schemas.store import Dataset
 
@@ -114,6 +115,8 @@ class ExportReport:
     tokenizer: dict[str, Any] | None = None
     include_failed: bool = False
     reasoning: bool = True
+    # Model usage behind the exported rows and the episodes' success, per method and environment.
+    usage: UsageReport = field(default_factory=UsageReport)
 
     @property
     def skipped_total(self) -> int:
@@ -320,6 +323,8 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
     report.skipped.update(r for r in inputs.reasons if r is not None)
     exported = np.array([r is None for r in inputs.reasons], dtype=bool)
     report.records_exported += int(exported.sum())
+    if fmt.table == "trajectories":
+        report.usage.add_outcomes(inputs.behind[0])
     if not exported.any():
         return
     rows_per = np.bincount(owner, minlength=n) * copies_of
@@ -348,6 +353,7 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
         rewards = pc.value_counts(pc.round(batch.column("reward").filter(pa.array(exported)).drop_null(), 2))
         report.rewards.update(dict(zip(rewards.field("values").to_pylist(), rewards.field("counts").to_pylist())))
         report.step_labels.update(batch.action_labels(exported))
+        report.usage.add_usage(batch, exported)
     if fmt.name == "trl-sft" and opts.sft_layout == "messages":
         masked_rows = int(rows_per[exported & first.masked_assistant].sum())
         if masked_rows:
