@@ -98,6 +98,7 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
         },
         "distributions": dists,
         "usage": report.usage.as_card(),
+        "templates": report.templates.as_card(),
     }
 
 
@@ -187,6 +188,7 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
     ]
     parts += usage_section(data.get("usage") or {})
     parts += training_section(data)
+    parts += templates_section(data.get("templates") or [])
     if reasons:
         parts += ["## Filtered upstream", "", "Records the source dataset's filter or dedup stage dropped "
                   "(from its manifest).", "", _table(["filter: reason", "records"], [[k, n] for k, n in reasons.items()]), ""]
@@ -227,6 +229,31 @@ def usage_section(usage: dict[str, Any]) -> list[str]:
                          [[o["method"], o["env"], o["successes"], o["episodes"], f"{o['rate']:.1%}"]
                           for o in usage["outcomes"]]), ""]
     return parts
+
+
+def templates_section(templates: list[dict[str, Any]]) -> list[str]:
+    """Markdown: which of TRL's bundled training templates render every row of the export whole."""
+    if not templates:
+        return []
+    from converters.export.templates import CALLS_DROPPED, EMPTY_TURN, TOOLS_DROPPED
+
+    rows = []
+    for t in templates:
+        if "error" in t:
+            rows.append([f"`{t['template']}`", "-", "-", "-", "-", f"do not use: cannot render an agent conversation "
+                         f"({t['error']})"])
+            continue
+        lost = t["rows"] - t["whole"]
+        rows.append([f"`{t['template']}`", f"{t['whole']:,} of {t['rows']:,}", t[EMPTY_TURN], t[CALLS_DROPPED],
+                     t[TOOLS_DROPPED], "renders every row" if not lost else f"do not use: {lost:,} rows train on less "
+                                                                            "than they hold"])
+    return ["## Chat templates", "",
+            "How TRL's bundled training templates (SFTTrainer swaps one in for its model family with "
+            "`assistant_only_loss=True`) render this export's rows: a trainable assistant turn must show its text and "
+            "tool calls, and a row's tools must be in the prompt. Train with a template that renders every row, or "
+            "export `--format tokenized` with your tokenizer, which checks each row against its template.", "",
+            _table(["template", "rows rendered whole", "rows with a turn rendered empty", "rows with tool calls dropped",
+                    "rows with tools dropped", "verdict"], rows), ""]
 
 
 def _length_heading(fmt: str) -> list[str]:

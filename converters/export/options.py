@@ -27,3 +27,5 @@ class FormatOptions:
     dpo_level: DpoLevel = "step"
     # `tokenized` only: the user's tokenizer and chat template, and the length limit.
     tokenizer: "ChatTokenizer | None" = None
+    # Rows the layout or chat template cannot train as recorded: skipped with the reason (else the export stops).
+    skip_unfit: bool = False

@@ -69,9 +69,10 @@ class UsageReport:
         won = pc.fill_null(success, False).to_numpy(zero_copy_only=False) & known
         group, names = _groups(batch)
         for g, key in enumerate(names):
-            counts = self.outcomes.setdefault(key, [0, 0])
-            counts[0] += int(won[group == g].sum())
-            counts[1] += int(known[group == g].sum())
+            if (episodes := int(known[group == g].sum())) > 0:
+                counts = self.outcomes.setdefault(key, [0, 0])
+                counts[0] += int(won[group == g].sum())
+                counts[1] += episodes
 
     def as_card(self) -> dict[str, Any]:
         """JSON-ready: per (method, env) rows and totals; cost None (unknown) where a call had no price."""
