@@ -18,8 +18,7 @@ _NOT_REASONS = ("source:", "available:", "llm_endpoint:")
 _ENDPOINT = "llm_endpoint:"
 _ENDPOINT_COUNTS = ("calls", "ok", "failed", "failed_over", "taken_out")
 _LLM = (("llm_calls", "LLM calls"), ("llm_cache_hits", "cache hits"), ("llm_prompt_tokens", "prompt tokens"),
-        ("llm_completion_tokens", "completion tokens"), ("llm_truncated", "truncated answers"),
-        ("llm_unusable", "other unusable answers"))
+        ("llm_completion_tokens", "completion tokens"))
 
 
 def _first(counts: dict[str, Any], keys: tuple[str, ...]) -> Any:
@@ -50,6 +49,17 @@ def _endpoint_lines(stage: dict[str, Any]) -> list[str]:
 
 def llm_totals(stages: list[dict[str, Any]]) -> dict[str, int]:
     return {label: sum(int(s["counts"].get(key, 0)) for s in stages) for key, label in _LLM}
+
+
+def unusable_answers(stages: list[dict[str, Any]]) -> str:
+    """Answers still unusable after the retries, each counted once; for cut ones, how many the agent
+    recorded as failed steps and how many other roles of the model (user persona, simulator, judge) got."""
+    truncated = sum(int(s["counts"].get("llm_truncated", 0)) for s in stages)
+    agent = sum(int(s["counts"].get("failed_step:truncated", 0)) for s in stages if "llm_truncated" in s["counts"])
+    other = sum(int(s["counts"].get("llm_unusable", 0)) for s in stages)
+    split = f" ({agent:,} agent turns kept as failed steps, {truncated - agent:,} of other roles: user, simulator, " \
+            "judge)" if truncated != agent else ""
+    return f"truncated answers {truncated:,}{split}, other unusable answers {other:,}"
 
 
 def llm_cost(stages: list[dict[str, Any]]) -> str:
@@ -108,7 +118,7 @@ def print_run_summary(result: dict[str, Any]) -> None:
         for key, n in reasons(s["counts"]).items():
             console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
     console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items())
-                  + f", cost {llm_cost(stages)}", highlight=False)
+                  + f", {unusable_answers(stages)}, cost {llm_cost(stages)}", highlight=False)
     for line in filter(None, map(usage_line, stages)):
         console.print(line, highlight=False)
     for line in (line for s in stages for line in _endpoint_lines(s)):

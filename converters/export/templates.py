@@ -16,6 +16,7 @@ Two checks, one rule (`turn_problem`, `tools_problem`):
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -84,15 +85,15 @@ def row_problem(text: str, spans: list[tuple[int, int]], messages: list[dict[str
 
 
 def trl_template(name: str) -> str:
-    """The source of TRL's bundled template `name` (e.g. "qwen3_training")."""
-    try:
-        import trl
-    except ImportError:
-        raise TemplateUnavailable("TRL is not installed (pip install trajforge[train])") from None
-    path = Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja"
-    if not path.is_file():
-        raise TemplateUnavailable(f"TRL {trl.__version__} ships no chat template {name!r}")
-    return path.read_text(encoding="utf-8")
+    """The source of TRL's bundled template `name` (e.g. "qwen3_training"), read without importing TRL."""
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        raise TemplateUnavailable("TRL is not installed (pip install trajforge[train])")
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / "chat_templates" / f"{name}.jinja"
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise TemplateUnavailable(f"the installed TRL ships no chat template {name!r}")
 
 
 def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
