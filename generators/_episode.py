@@ -9,8 +9,8 @@ Tool call ids are positional (`call_<step index>`): equal paths have equal conte
 re-run sends the model byte-identical prompts (cache hits) whatever ids a server invented.
 
 An answer the policy cannot use (unparseable, cut off at the token limit, or a tool call the
-server refused) is a *failed step*: the environment never sees it; the trajectory records the raw answer (an agent text
-step) and an error observation, both with `train=False` and `label="bad"`, counted by reason,
+server refused) is a *failed step*: the environment never sees it; the trajectory records the
+raw answer (an agent text step) and an error observation, both with `train=False` and `label="bad"`, counted by reason,
 and the agent tries again with that feedback in its history (which also makes the retry a new
 cache entry). After `max_parse_failures` such steps the episode ends. Whatever ended it (done,
 the step cap, failures, the user leaving), the environment evaluates the episode the same way.
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, StepResult, Task, checkpoint
-from generators.agent import REFUSED, TRUNCATED, Proposal
+from backends.errors import REFUSED
+from generators.agent import TRUNCATED, Proposal
 from schemas.models import Action, Step, TextObservation
 
 PARSE_ERROR = (

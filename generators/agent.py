@@ -22,15 +22,15 @@ from typing import Any, Literal
 import orjson
 
 from backends.base import LLM
+from backends.errors import REFUSED
 from backends.types import Completion
 from converters.export.render import RenderOptions, messages, render
 from generators.transcript import TranscriptError, parse_assistant, strip_reasoning, tools_block
 from schemas.models import ApiAction, MessageAction, Step, Tool, Trajectory, Usage
 
 ACTION_KINDS = ("api", "code", "message")
-# The start of a Proposal error for an answer cut short, or refused; episodes count failed steps by it.
+# The start of a Proposal error for an answer cut short (or refused: `REFUSED`); episodes count failed steps by it.
 TRUNCATED = "truncated answer"
-REFUSED = "refused"
 RENDER_CACHE_SIZE = 512
 
 SYSTEM = (
