@@ -10,6 +10,7 @@ import asyncio
 import logging
 import random
 import re
+import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any, Awaitable, Callable, ClassVar, TypeVar
@@ -20,14 +21,15 @@ from pydantic import BaseModel
 from backends.balancer import Balancer, EndpointState
 from backends.cache import ResponseCache, request_digest, sample_key
 from backends.config import LLMConfig
-from backends.errors import BackendError, CapabilityError, LLMRequestError
+from backends.errors import REFUSED, BackendError, CapabilityError, LLMRequestError
 from backends.jsonrepair import extract_json
 from backends.ledger import FailureLedger
 from backends.limiter import AdaptiveLimiter, backoff_delay
 from backends.redact import Redactor, endpoint_name
 from backends.scoring import ScoringUnsupported, TokenLogprob, decode, encode
 from backends.stats import Stats
-from backends.types import ChatRequest, Completion
+from backends.types import ChatRequest, Completion, Usage
+from schemas.models import Usage as StepUsage
 
 log = logging.getLogger("trajforge.backends")
 
@@ -40,10 +42,14 @@ class LLM(ABC):
     # Engines that run one generation at a time cap the limiter, so queued requests do not burn
     # their timeout waiting for a lock.
     max_parallel: ClassVar[int | None] = None
+    # Engines in this process (no bill): their cost is 0 unless the config prices them.
+    local: ClassVar[bool] = False
 
     def __init__(self, config: LLMConfig):
         self.config = config
-        self.stats = Stats()
+        self.stats = Stats(local=self.local)
+        if config.price is not None:
+            self.stats.price = (config.price.prompt_per_million, config.price.completion_per_million)
         self.redact = Redactor(config.api_keys())
         self.ledger = FailureLedger(config.ledger_path, self.redact)
         self.cache = ResponseCache(config.cache_path) if config.cache_path else None
@@ -147,6 +153,28 @@ class LLM(ABC):
             await self.cache.commit([(key, Completion(encode(tokens), finish_reason="prompt_logprobs"))])
         return tokens
 
+    @property
+    def model_name(self) -> str:
+        """`backend:model`, as records' provenance names the model."""
+        return f"{self.backend_name}:{self.config.model}"
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """What these tokens cost: priced by `llm.price`, 0.0 on a local engine, else None (unknown)."""
+        price = self.config.price
+        if price is not None:
+            return (prompt_tokens * price.prompt_per_million + completion_tokens * price.completion_per_million) / 1e6
+        return 0.0 if self.local else None
+
+    def step_usage(self, completion: Completion) -> StepUsage:
+        """The usage a step made from `completion` records (a cached answer cost nothing this time)."""
+        u = completion.usage
+        if completion.cached:
+            return StepUsage(model=self.model_name, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                             latency_s=0.0, retries=0, cost_usd=0.0, cached=True)
+        return StepUsage(model=self.model_name, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                         latency_s=round(completion.latency_s, 6), retries=completion.retries,
+                         cost_usd=self.cost_usd(u.prompt_tokens, u.completion_tokens))
+
     def print_summary(self, console: Any = None) -> None:
         self.stats.print_summary(f"LLM usage ({self.backend_name}:{self.config.model})", console)
 
@@ -238,6 +266,7 @@ class LLM(ABC):
             hit = self.cache.get(key) if self.cache is not None else None
             if hit is not None:
                 self.stats.cache_hits += 1
+                self._count_unusable([hit])
                 results[i] = hit
             elif (fut := self._inflight.get(key)) is not None:
                 shared.append((i, fut))
@@ -278,14 +307,49 @@ class LLM(ABC):
         return results  # type: ignore[return-value]
 
     async def _call_with_retries(self, request: ChatRequest) -> list[Completion]:
-        async def call(endpoint: int) -> list[Completion]:
-            completions = await self._complete_at(endpoint, request)
-            self._validate(request, completions)
-            return completions
+        """The call's answers; sample 0 also carries the tokens, seconds and number of the attempts before."""
+        spent = {"prompt": 0, "completion": 0, "seconds": 0.0, "attempts": 0}
 
-        completions = await self._with_retries(call)
-        self._count_tokens(completions)
-        return completions
+        def count(answers: list[Completion]) -> None:
+            for c in answers:  # every answer returned was paid for, kept or not
+                spent["prompt"] += c.usage.prompt_tokens
+                spent["completion"] += c.usage.completion_tokens
+
+        async def call(endpoint: int) -> list[Completion]:
+            spent["attempts"] += 1
+            started = time.perf_counter()
+            try:
+                completions = await self._complete_at(endpoint, request)
+            except BackendError as err:
+                count(getattr(err, "completions", None) or [])
+                raise
+            finally:
+                spent["seconds"] += time.perf_counter() - started
+            count(completions)
+            return self._validate(request, completions)
+
+        try:
+            completions = await self._with_retries(call)
+        finally:
+            self.stats.prompt_tokens += spent["prompt"]
+            self.stats.completion_tokens += spent["completion"]
+            self.stats.latency_s += spent["seconds"]
+        self._count_unusable(completions)
+        kept_prompt = sum(c.usage.prompt_tokens for c in completions)
+        kept_completion = sum(c.usage.completion_tokens for c in completions)
+        first = completions[0]
+        usage = Usage(first.usage.prompt_tokens + spent["prompt"] - kept_prompt,
+                      first.usage.completion_tokens + spent["completion"] - kept_completion)
+        first = replace(first, usage=usage, latency_s=spent["seconds"], retries=spent["attempts"] - 1)
+        return [first, *completions[1:]]
+
+    def _count_unusable(self, completions: list[Completion]) -> None:
+        for c in completions:
+            if c.unusable is not None or c.finish_reason == "length":
+                if c.finish_reason == "length":
+                    self.stats.truncated += 1
+                else:
+                    self.stats.unusable += 1
 
     async def _with_retries(self, call: Callable[[int], Awaitable[T]]) -> T:
         """`call(endpoint)` in a slot of an endpoint and under the timeout, until one answers.
@@ -327,13 +391,13 @@ class LLM(ABC):
                     return value
             tried.clear()
             if not err.retryable or attempt >= cfg.max_retries:
-                cut = getattr(err, "completions", None) if err.kind == "truncated" else None
-                if cut is not None:
-                    # Still cut short after the retries: handed back with finish_reason=length,
-                    # for the caller to record as truncated (never as a whole answer).
-                    self.stats.truncated += 1
-                    log.warning("answer still cut short after %d attempt(s): returned as truncated", attempt + 1)
-                    return cut
+                answers = getattr(err, "completions", None)
+                if answers is not None:
+                    # The model answered, unusably (cut short, an unparseable or refused tool call), and
+                    # asking again did not help: handed back marked `unusable` (and finish_reason=length
+                    # when cut), for the caller to record as a failed answer, never as a whole one.
+                    log.warning("answer still unusable after %d attempt(s) (%s): returned as such", attempt + 1, err)
+                    return answers  # type: ignore[no-any-return]
                 err.attempts = attempt + 1  # type: ignore[attr-defined]
                 raise err from None
             delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, err.retry_after, self._rng)
@@ -341,11 +405,6 @@ class LLM(ABC):
             self.stats.retries += 1
             log.debug("retry %d after %s (%s); sleeping %.3fs", attempt, err.kind, err, delay)
             await asyncio.sleep(delay)  # outside any slot: waiting must not hold capacity
-
-    def _count_tokens(self, completions: list[Completion]) -> None:
-        for c in completions:
-            self.stats.prompt_tokens += c.usage.prompt_tokens
-            self.stats.completion_tokens += c.usage.completion_tokens
 
     def _classify(self, exc: Exception) -> BackendError:
         if isinstance(exc, BackendError):
@@ -357,22 +416,33 @@ class LLM(ABC):
         return BackendError("unknown", self.redact(f"{type(exc).__name__}: {exc}"))
 
     @staticmethod
-    def _validate(request: ChatRequest, completions: list[Completion]) -> None:
-        """Reject answers that are broken in transit or cut short so they are retried instead of
-        cached. A cut answer (finish_reason=length) travels with the error: once the retries are
-        spent it is returned as such, so callers can tell it from a whole answer."""
+    def _validate(request: ChatRequest, completions: list[Completion]) -> list[Completion]:
+        """The answers, or an error that has them retried instead of cached: broken in transit, or
+        unusable (cut short, an unparseable tool call, one the backend marked). Unusable answers
+        travel with the error, marked: once the retries are spent they are returned as such (the
+        usable samples of the call unmarked), so callers can tell them from whole answers."""
         if len(completions) != request.n:
             raise BackendError("malformed", f"expected {request.n} choices, got {len(completions)}")
+        marked, problem = [], None
         for c in completions:
+            why = c.unusable
             if c.finish_reason == "length":
-                err = BackendError("truncated", "answer cut off at the token limit (finish_reason=length)")
-                err.completions = completions  # type: ignore[attr-defined]
-                raise err
-            for call in c.tool_calls:
+                why = "answer cut off at the token limit (finish_reason=length)"
+            for call in c.tool_calls if why is None else ():
                 try:
                     orjson.loads(call.arguments)
                 except orjson.JSONDecodeError:
-                    raise BackendError("malformed", f"tool call {call.name!r} has invalid JSON arguments") from None
+                    why = f"tool call {call.name!r} has invalid JSON arguments"
+                    break
+            if why is not None:
+                c = replace(c, unusable=why)
+                problem = problem or (_unusable_kind(c), why)
+            marked.append(c)
+        if problem is not None:
+            err = BackendError(*problem)
+            err.completions = marked  # type: ignore[attr-defined]
+            raise err
+        return completions
 
     def _give_up(self, request: ChatRequest, kind: str, message: str, attempts: int) -> LLMRequestError:
         key = self.request_key(request)
@@ -381,3 +451,10 @@ class LLM(ABC):
         self.ledger.record(key, kind, message, attempts, backend=self.backend_name, model=self.config.model)
         log.warning("LLM request %s given up: %s: %s", key[:12], kind, message)
         return LLMRequestError(key, kind, message, attempts)
+
+
+def _unusable_kind(completion: Completion) -> str:
+    """The error kind an unusable answer is retried under."""
+    if completion.finish_reason == "length":
+        return "truncated"
+    return "refused" if (completion.unusable or "").startswith(REFUSED) else "malformed"

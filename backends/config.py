@@ -26,6 +26,15 @@ class Endpoint(BaseModel):
         return os.environ.get(name) if name else None
 
 
+class Price(BaseModel):
+    """What the model's tokens cost, in US dollars per million tokens (for usage and cost reports)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_per_million: float = Field(ge=0)
+    completion_per_million: float = Field(ge=0)
+
+
 class LLMConfig(BaseModel):
     # hide_input_in_errors: a key pasted into the config by mistake must not be echoed back
     # inside a ValidationError message.
@@ -62,6 +71,9 @@ class LLMConfig(BaseModel):
 
     cache_path: str | None = None
     ledger_path: str | None = None
+    # Prices per million tokens; without them a remote model's cost is reported as unknown (local
+    # engines cost 0 unless priced here).
+    price: Price | None = None
 
     # Local engines (llamacpp / vllm).
     model_path: str | None = None

@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from backends.errors import BackendError
 from backends.jsonrepair import extract_json
 from backends.types import ChatRequest, Completion, ToolCall, Usage
 
@@ -90,6 +89,8 @@ def to_completion(text: str, finish_reason: str | None, usage: Usage, tool_call:
         obj = extract_json(text)
         call = ToolCall(f"call_{uuid.uuid4().hex[:12]}", obj["name"], orjson.dumps(obj.get("arguments", {})).decode())
     except (ValueError, KeyError, TypeError):
-        # Retryable: a cut-off or off-grammar answer says nothing about the request itself.
-        raise BackendError("truncated" if finish_reason == "length" else "malformed", "emulated tool call unparseable")
+        # The answer as it is, marked: the wrapper asks again (a cut-off or off-grammar answer says nothing
+        # about the request) and, once the retries are spent, hands it back for the caller to record.
+        why = "cut off at the token limit" if finish_reason == "length" else "off the grammar"
+        return Completion(text, [], finish_reason, usage, unusable=f"emulated tool call unparseable ({why})")
     return Completion("", [call], "tool_calls", usage)

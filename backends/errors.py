@@ -4,7 +4,11 @@ from __future__ import annotations
 
 # Kinds that a retry can fix. "client" (4xx other than 408/409/429) is deliberately absent:
 # repeating a bad request only burns quota.
-RETRYABLE = frozenset({"rate_limit", "timeout", "server", "connection", "malformed", "truncated", "conflict"})
+RETRYABLE = frozenset({"rate_limit", "timeout", "server", "connection", "malformed", "truncated", "conflict",
+                       "refused"})
+# How an unusable answer's reason starts when the server or model refused it (a tool call the server
+# could not parse, a model's refusal).
+REFUSED = "refused"
 # Kinds that signal congestion, so the adaptive limiter should back off.
 OVERLOAD = frozenset({"rate_limit", "timeout"})
 

@@ -20,6 +20,7 @@ Rule = Callable[[ChatRequest], Any]
 
 class FakeLLM(LLM):
     backend_name = "fake"
+    local = True  # scripted in process: no bill
 
     def __init__(self, config: LLMConfig, rules: list[Rule] | None = None):
         super().__init__(config)

@@ -23,6 +23,13 @@ import orjson
 from aiohttp import web
 
 FAULT_KINDS = ("429", "500", "stall", "malformed", "truncated", "disconnect")
+# Faults of the model's answer rather than of the server, drawn only when asked for by name:
+# `garbage` answers a tool call whose arguments are not JSON (text requests get unparseable text),
+# `refused` answers HTTP 400 `tool_use_failed` with the generation the server could not parse.
+ANSWER_FAULTS = ("garbage", "refused")
+ALL_FAULT_KINDS = FAULT_KINDS + ANSWER_FAULTS
+GARBAGE_TEXT = "}{ <tool_call>{\"name\": "
+REFUSED_MESSAGE = "Failed to call a function. Please adjust your prompt. See 'failed_generation' for more details."
 # Header names that may carry credentials; never logged.
 _SECRET_HEADER = re.compile(r"auth|key|cookie|token", re.IGNORECASE)
 
@@ -211,6 +218,16 @@ class FakeServer:
         elif fault == "malformed":
             entry["outcome"] = "malformed"
             return web.Response(body=b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess', content_type="application/json")
+        elif fault == "refused":
+            entry["outcome"] = "refused"
+            tool = ((body.get("tools") or [{}])[0].get("function") or {}).get("name", "tool")
+            return web.Response(status=400, content_type="application/json", body=orjson.dumps({"error": {
+                "message": REFUSED_MESSAGE, "type": "invalid_request_error", "code": "tool_use_failed",
+                "failed_generation": f"<function={tool}>{GARBAGE_TEXT}"}}))
+        elif fault == "garbage":
+            tools = body.get("tools") or []
+            answer = ToolCallAnswer(tools[0]["function"]["name"], GARBAGE_TEXT) if tools else GARBAGE_TEXT
+            entry["outcome"] = "garbage"
         elif fault is not None and fault.isdigit():
             entry["outcome"] = fault
             return _error(int(fault), message or f"injected HTTP {fault}", retry_after=retry_after if fault == "429" else None)
@@ -427,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--latency-max", type=float, default=None, help="if set, latency is uniform in [latency, max]")
     p.add_argument("--capacity", type=int, default=None, help="concurrent requests before 429")
     p.add_argument("--fault-rate", type=float, default=0.0)
-    p.add_argument("--faults", default=",".join(FAULT_KINDS), help="comma-separated subset of " + ",".join(FAULT_KINDS))
+    p.add_argument("--faults", default=",".join(FAULT_KINDS), help="comma-separated subset of " + ",".join(ALL_FAULT_KINDS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--retry-after", type=float, default=1.0)
     p.add_argument("--stall-s", type=float, default=30.0)

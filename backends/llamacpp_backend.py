@@ -38,6 +38,7 @@ def find_smollm2_gguf() -> str:
 
 class LlamaCppLLM(LLM):
     backend_name = "llamacpp"
+    local = True  # in process: no bill
     max_parallel = 1  # one generation at a time: the model object is not thread-safe
 
     def __init__(self, config: LLMConfig):

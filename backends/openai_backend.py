@@ -14,10 +14,10 @@ import orjson
 
 from backends.base import LLM
 from backends.config import LLMConfig
-from backends.errors import BackendError, kind_for_status, parse_retry_after
+from backends.errors import REFUSED, BackendError, kind_for_status, parse_retry_after
 from backends.http_client import HTTPClient, Unsupported
 from backends.scoring import ScoringUnsupported, TokenLogprob, parse_prompt_logprobs
-from backends.types import ChatRequest, Completion, ToolCall, split_usage
+from backends.types import ChatRequest, Completion, ToolCall, Usage, split_usage
 
 log = logging.getLogger("trajforge.backends")
 
@@ -53,8 +53,31 @@ def parse_response(body: dict[str, Any]) -> list[Completion]:
             ToolCall(tc.get("id") or "", tc["function"]["name"], tc["function"].get("arguments") or "{}")
             for tc in msg.get("tool_calls") or ()
         ]
-        out.append(Completion(msg.get("content") or "", calls, choice.get("finish_reason"), u))
+        content, refusal = msg.get("content") or "", msg.get("refusal")
+        # A model's refusal (OpenAI's `refusal` field) is no answer to train on: marked, asked again.
+        unusable = f"{REFUSED}: {refusal}" if refusal and not content and not calls else None
+        out.append(Completion(content or refusal or "", calls, choice.get("finish_reason"), u, unusable=unusable))
     return out
+
+
+def refused_tool_call(status: int, body: Any) -> BackendError | None:
+    """The error for a 400 that refuses the model's own tool call (code `tool_use_failed`, as Groq and
+    others answer when the generated call does not parse), else None. It is an unusable answer, not a
+    bad request: retried like one, and carrying the refused generation as the answer's text."""
+    if status != 400:
+        return None
+    if isinstance(body, (bytes, str)):
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+    error = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(error, dict) or error.get("code") != "tool_use_failed":
+        return None
+    err = BackendError("refused", f"{REFUSED} tool call: {str(error.get('message') or 'tool_use_failed')[:300]}",
+                       status=status)
+    err.failed_generation = str(error.get("failed_generation") or "")  # type: ignore[attr-defined]
+    return err
 
 
 def parse_body(body: bytes) -> list[Completion]:
@@ -107,7 +130,14 @@ class OpenAILLM(LLM):
         return await self._complete_at(0, request)
 
     async def _complete_at(self, endpoint: int, request: ChatRequest) -> list[Completion]:
-        return parse_body(await self._send(self._servers[endpoint], build_payload(self.config.model, request)))
+        try:
+            body = await self._send(self._servers[endpoint], build_payload(self.config.model, request))
+        except BackendError as err:
+            if err.kind == "refused":  # the refused generation is the answer, marked unusable
+                answer = Completion(getattr(err, "failed_generation", ""), [], None, Usage(), unusable=str(err))
+                err.completions = [answer] * request.n  # type: ignore[attr-defined]
+            raise
+        return parse_body(body)
 
     async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
         return await self._prompt_logprobs_at(0, request)
@@ -146,6 +176,8 @@ class OpenAILLM(LLM):
         except OSError as exc:  # refused, reset or cut-off connections; the request may be resent
             raise BackendError("connection", self.redact(f"{type(exc).__name__}: {exc}")) from None
         if resp.status != 200:
+            if (refused := refused_tool_call(resp.status, resp.body)) is not None:
+                raise refused
             raise BackendError(
                 kind_for_status(resp.status),
                 self.redact(f"HTTP {resp.status}: {resp.body[:500].decode('utf-8', 'replace')}"),
@@ -178,6 +210,8 @@ class OpenAILLM(LLM):
         try:
             raw = await self._get_sdk(server).chat.completions.with_raw_response.create(**payload, extra_body=extra or None)
         except openai.APIStatusError as exc:
+            if (refused := refused_tool_call(exc.status_code, exc.body)) is not None:
+                raise refused from None
             raise BackendError(
                 kind_for_status(exc.status_code),
                 self.redact(f"HTTP {exc.status_code}: {exc.message}"),

@@ -27,25 +27,41 @@ class Completion:
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
+    # Tokens of this sample; after the wrapper, sample 0 also carries those of the call's retried attempts.
     usage: Usage = field(default_factory=Usage)
     cached: bool = False
+    # Seconds the model took over the call's attempts, and attempts beyond the first (sample 0 carries them).
+    latency_s: float = 0.0
+    retries: int = 0
+    # Why the answer cannot be used (cut short, unparseable tool call, refused), when the wrapper gave
+    # up asking again and hands it back as it is; None for a usable answer.
+    unusable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "text": self.text,
             "tool_calls": [[t.id, t.name, t.arguments] for t in self.tool_calls],
             "finish_reason": self.finish_reason,
             "usage": [self.usage.prompt_tokens, self.usage.completion_tokens],
+            "latency_s": self.latency_s,
+            "retries": self.retries,
         }
+        if self.unusable is not None:
+            data["unusable"] = self.unusable
+        return data
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, cached: bool = False) -> Completion:
+        # latency_s / retries / unusable are absent from entries cached by earlier versions.
         return cls(
             text=d["text"],
             tool_calls=[ToolCall(*t) for t in d["tool_calls"]],
             finish_reason=d["finish_reason"],
             usage=Usage(*d["usage"]),
             cached=cached,
+            latency_s=d.get("latency_s", 0.0),
+            retries=d.get("retries", 0),
+            unusable=d.get("unusable"),
         )
 
 

@@ -35,6 +35,7 @@ def _structured_kwargs(schema: dict[str, Any]) -> dict[str, Any]:
 
 class VLLMLLM(LLM):
     backend_name = "vllm"
+    local = True  # in process: no bill
 
     def __init__(self, config: LLMConfig):
         super().__init__(config)
@@ -96,14 +97,12 @@ class VLLMLLM(LLM):
         outputs = self._engine.chat(conversations, sampling_params=sampling, use_tqdm=False)
         results: list[list[Completion] | BackendError] = []
         for out, tool_call in zip(outputs, tool_flags):
-            try:
-                results.append([
-                    to_completion(
-                        o.text, o.finish_reason,
-                        Usage(len(out.prompt_token_ids or ()) if i == 0 else 0, len(o.token_ids)), tool_call,
-                    )
-                    for i, o in enumerate(out.outputs)
-                ])
-            except BackendError as err:  # one bad emulated tool call must not fail the batch
-                results.append(err)
+            # A bad emulated tool call comes back marked unusable: the wrapper asks again for that request only.
+            results.append([
+                to_completion(
+                    o.text, o.finish_reason,
+                    Usage(len(out.prompt_token_ids or ()) if i == 0 else 0, len(o.token_ids)), tool_call,
+                )
+                for i, o in enumerate(out.outputs)
+            ])
         return results

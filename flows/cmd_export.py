@@ -30,7 +30,7 @@ def export(
              "model saw).")] = 20_000,
     sft_layout: Annotated[str, typer.Option(
         help="trl-sft layout: prompt-completion (one row per trainable segment; masked steps only ever in a prompt) "
-             "or messages (per-message train flags, which TRL does not read).")] = "prompt-completion",
+             "or messages (one row per trajectory; refused where a step is masked, since TRL would train it).")] = "prompt-completion",
     history: Annotated[str, typer.Option(
         help="What rows of generated trajectories are conditioned on: request (exactly the request that produced "
              "each trained message: its system prompt, history window, pages as sent) or full (the whole history "
@@ -48,6 +48,10 @@ def export(
         help="--format tokenized: a tokenizer directory with a chat template (or a hub name when online).")] = None,
     max_length: Annotated[Optional[int], typer.Option(
         help="--format tokenized: longest row in tokens; longer trajectories are cut by turns.")] = None,
+    skip_unfit_rows: Annotated[bool, typer.Option(
+        help="Skip (and count by reason) the rows the layout or chat template cannot train as recorded: masked steps "
+             "in --sft-layout messages, turns or tools the --format tokenized template does not render. Default: "
+             "the export stops with one line naming the record.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in OUTPUT.")] = False,
 ) -> None:
     """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, tokenized, OpenAI, ShareGPT) or as ATIF."""
@@ -63,7 +67,7 @@ def export(
                            web_max_chars=web_max_chars, sft_layout=sft_layout, history=history, kto_mode=kto_mode,
                            dpo_level=dpo_level,
                            include_failed=include_failed, tokenizer=tokenizer, max_length=max_length,
-                           overwrite=overwrite)
+                           skip_unfit_rows=skip_unfit_rows, overwrite=overwrite)
     except MixError as exc:
         fail(str(exc))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

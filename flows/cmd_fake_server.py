@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from backends.fake_server import FAULT_KINDS, serve_forever
+from backends.fake_server import ALL_FAULT_KINDS, FAULT_KINDS, serve_forever
 from flows.console import fail
 
 
@@ -16,7 +16,8 @@ def fake_server(
     latency: Annotated[float, typer.Option(help="Seconds before each answer.")] = 0.0,
     capacity: Annotated[Optional[int], typer.Option(help="Concurrent requests before it answers 429.")] = None,
     fault_rate: Annotated[float, typer.Option(help="Fraction of requests that fail (0..1).")] = 0.0,
-    faults: Annotated[str, typer.Option(help="Comma-separated fault kinds to draw from.")] = ",".join(FAULT_KINDS),
+    faults: Annotated[str, typer.Option(help="Comma-separated fault kinds to draw from (also the answer faults "
+                                             "garbage and refused, by name).")] = ",".join(FAULT_KINDS),
     seed: Annotated[int, typer.Option(help="Seed of latency and fault draws.")] = 0,
     stall_s: Annotated[float, typer.Option(help="How long a `stall` fault holds its answer (seconds).", min=0)] = 30.0,
     log_path: Annotated[Optional[str], typer.Option(
@@ -24,9 +25,10 @@ def fake_server(
 ) -> None:
     """Serve /v1/models and /v1/chat/completions for testing your own jobs against faults."""
     kinds = tuple(f.strip() for f in faults.split(",") if f.strip())
-    unknown = [k for k in kinds if k not in FAULT_KINDS and not (k.isdigit() and 400 <= int(k) <= 599)]
+    unknown = [k for k in kinds if k not in ALL_FAULT_KINDS and not (k.isdigit() and 400 <= int(k) <= 599)]
     if unknown:
-        fail(f"unknown fault kind(s) {', '.join(unknown)}; kinds are {', '.join(FAULT_KINDS)} or an HTTP status 4xx/5xx")
+        fail(f"unknown fault kind(s) {', '.join(unknown)}; kinds are {', '.join(ALL_FAULT_KINDS)} "
+             "or an HTTP status 4xx/5xx")
     if not 0.0 <= fault_rate <= 1.0:
         fail(f"--fault-rate must be between 0 and 1, not {fault_rate}")
     serve_forever(host=host, port=port, latency=latency, capacity=capacity, fault_rate=fault_rate,

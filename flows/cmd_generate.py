@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from backends.stats import endpoint_table
+from backends.stats import endpoint_table, format_cost
 from envs.base import EnvError
 from envs.sandbox import SandboxUnavailable, sandbox_problem
 from envs.tasks import TaskFileError, TaskSourceConfig
@@ -110,6 +110,9 @@ def print_summary(summary: RunSummary) -> None:
     table.add_row("tasks run now", str(data["processed"]))
     for key in ("trajectories", "pairs", "filtered", "quarantine"):
         table.add_row(f"{key} written" if key != "quarantine" else "quarantined", str(data["counts"].get(key, 0)))
+    if (rate := data["success_rate"]) is not None:
+        table.add_row(f"successes ({rate['method']}{' on ' + rate['env'] if rate['env'] else ''})",
+                      f"{rate['successes']} of {rate['episodes']} episodes ({rate['rate']:.1%})")
     for key, n in sorted(data["counts"].items()):
         if key.startswith("failed_step:"):
             table.add_row(f"  failed steps ({key.split(':', 1)[1]} answer)", str(n))
@@ -118,9 +121,17 @@ def print_summary(summary: RunSummary) -> None:
     for name, value in data["report"].items():
         table.add_row(name, _measure(value))
     llm = data["llm"]
-    for key in ("calls", "cache_hits", "retries", "failovers", "failures", "truncated", "prompt_tokens",
-                "completion_tokens"):
+    for key in ("requests", "cache_hits", "calls", "retries", "failovers", "failures", "truncated", "unusable",
+                "prompt_tokens", "completion_tokens"):
         table.add_row(f"LLM {key.replace('_', ' ')}", f"{llm.get(key, 0):,}")
+    table.add_row("LLM latency (s)", f"{llm.get('latency_s', 0.0):,.1f}")
+    table.add_row("LLM cost", format_cost(llm.get("cost_usd"), llm.get("cost", "-")))
+    usage = data["usage"]
+    if usage["calls"]:
+        table.add_row("steps made by the model (written)",
+                      f"{usage['calls']:,} calls, {usage['cached']:,} from cache; tokens {usage['prompt_tokens']:,} "
+                      f"prompt / {usage['completion_tokens']:,} completion; cost "
+                      + ("unknown" if usage["cost_usd"] is None else f"${usage['cost_usd']:,.4f}"))
     judge = llm.get("judge") or {}
     for key in ("calls", "cache_hits", "failures") if judge else ():
         table.add_row(f"judge LLM {key.replace('_', ' ')}", f"{judge.get(key, 0):,}")

@@ -165,8 +165,11 @@ def generate_stage(cfg: PipelineConfig, index: int) -> dict[str, Any]:
             summary = asyncio.run(generate(method_cfg, out, progress=progress))
     counts = {k: v for k, v in (Dataset.open(out).manifest().get("counts") or {}).items()}
     counts.setdefault("tasks", summary.tasks)
+    counts.update(method=entry.method, env=getattr(method_cfg, "env", None))
     if entry.agent == "llm":
-        counts.update({f"llm_{k}": summary.llm.get(k, 0) for k in ("prompt_tokens", "completion_tokens")})
+        counts.update({f"llm_{k}": summary.llm.get(k, 0)
+                       for k in ("prompt_tokens", "completion_tokens", "truncated", "unusable", "latency_s",
+                                 "cost_usd", "cost")})
         counts.update(endpoint_counts(summary.llm))
     return _finish(cfg, "generate", entry.name, key, out, counts)
 

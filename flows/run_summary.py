@@ -7,7 +7,9 @@ from typing import Any
 
 from rich.table import Table
 
+from backends.stats import COST_LOCAL, COST_PRICED, COST_UNKNOWN, format_cost
 from flows.console import console
+from schemas.usage import from_counts
 
 # Which count is a stage's input and which its output (stages name them differently).
 _IN = ("in", "tasks_total", "tasks")
@@ -49,6 +51,52 @@ def llm_totals(stages: list[dict[str, Any]]) -> dict[str, int]:
     return {label: sum(int(s["counts"].get(key, 0)) for s in stages) for key, label in _LLM}
 
 
+def unusable_answers(stages: list[dict[str, Any]]) -> str:
+    """Answers still unusable after the retries, each counted once; for cut ones, how many the agent
+    recorded as failed steps and how many other roles of the model (user persona, simulator, judge) got."""
+    truncated = sum(int(s["counts"].get("llm_truncated", 0)) for s in stages)
+    agent = sum(int(s["counts"].get("failed_step:truncated", 0)) for s in stages if "llm_truncated" in s["counts"])
+    other = sum(int(s["counts"].get("llm_unusable", 0)) for s in stages)
+    split = f" ({agent:,} agent turns kept as failed steps, {truncated - agent:,} of other roles: user, simulator, " \
+            "judge)" if truncated != agent else ""
+    return f"truncated answers {truncated:,}{split}, other unusable answers {other:,}"
+
+
+def llm_cost(stages: list[dict[str, Any]]) -> str:
+    """The stages' model cost and how it is known: local models cost 0 (said so), an unpriced remote model
+    makes it unknown, never 0."""
+    costs = [(s["counts"].get("llm_cost_usd"), s["counts"].get("llm_cost")) for s in stages
+             if "llm_cost" in s["counts"]]
+    if not costs:
+        return "no model calls"
+    if any(cost is None for cost, _ in costs):
+        return COST_UNKNOWN
+    bases = {basis for _, basis in costs}
+    basis = COST_LOCAL if bases == {COST_LOCAL} else COST_PRICED if bases == {COST_PRICED} else \
+        f"{COST_PRICED}; local models 0"
+    return format_cost(sum(cost for cost, _ in costs), basis)
+
+
+def success_line(stage: dict[str, Any]) -> str | None:
+    """How the agent did in a generate stage: successes / episodes, per method and environment."""
+    c = stage["counts"]
+    if stage["stage"] != "generate" or not c.get("episodes"):
+        return None
+    where = f" ({c['method']}{' on ' + c['env'] if c.get('env') else ''})" if c.get("method") else ""
+    return (f"  generate {stage['name']}{where}: successes = {c.get('successes', 0)} of {c['episodes']} episodes "
+            f"({c.get('successes', 0) / c['episodes']:.1%})")
+
+
+def usage_line(stage: dict[str, Any]) -> str | None:
+    """The model calls behind a generate stage's records (all of them, resumed runs included)."""
+    totals = from_counts(stage["counts"])
+    if stage["stage"] != "generate" or not totals or not totals["calls"]:
+        return None
+    cost = "unknown (no llm.price)" if totals["cost_usd"] is None else f"${totals['cost_usd']:,.4f}"
+    return (f"  generate {stage['name']}: steps made by the model {totals['calls']:,} ({totals['cached']:,} from cache), "
+            f"tokens {totals['prompt_tokens']:,} prompt / {totals['completion_tokens']:,} completion, cost {cost}")
+
+
 def print_run_summary(result: dict[str, Any]) -> None:
     stages = result["stages"]
     table = Table(title="pipeline summary", title_justify="left")
@@ -65,10 +113,8 @@ def print_run_summary(result: dict[str, Any]) -> None:
     console.print(table)
     console.print("[bold]by reason[/]")
     for s in stages:
-        if s["stage"] == "generate" and "episodes" in s["counts"]:  # how the agent did, failures included
-            c = s["counts"]
-            console.print(f"  generate {s['name']}: successes = {c.get('successes', 0)} of {c['episodes']} episodes",
-                          highlight=False)
+        if (line := success_line(s)) is not None:  # how the agent did, failures included
+            console.print(line, highlight=False)
         for key, n in reasons(s["counts"]).items():
             console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
         report = s.get("report") if s["stage"] == "decontaminate" else None
@@ -79,7 +125,10 @@ def print_run_summary(result: dict[str, Any]) -> None:
             for e in report["examples"][:3]:
                 console.print(f"    e.g. {e['id']} ~ {e['reference_source']} {e['reference']} ({e['kind']}): "
                               f"{e['evidence']!r}", highlight=False, markup=False, soft_wrap=True)
-    console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items()), highlight=False)
+    console.print("LLM: " + ", ".join(f"{label} {n:,}" for label, n in llm_totals(stages).items())
+                  + f", {unusable_answers(stages)}, cost {llm_cost(stages)}", highlight=False)
+    for line in filter(None, map(usage_line, stages)):
+        console.print(line, highlight=False)
     for line in (line for s in stages for line in _endpoint_lines(s)):
         console.print(line, highlight=False)
     console.print("[bold]outputs[/]")

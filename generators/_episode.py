@@ -10,13 +10,15 @@ environment never sees the system step: it is the agent's, not the world's.
 Tool call ids are positional (`call_<step index>`): equal paths have equal content, and a
 re-run sends the model byte-identical prompts (cache hits) whatever ids a server invented.
 
-An answer the policy cannot use (unparseable, or cut off at the token limit) is a *failed
-step*: the environment never sees it; the trajectory records the raw answer (an agent text
-step) and an error observation, both with `train=False` and `label="bad"`, counted by reason,
+An answer the policy cannot use (unparseable, cut off at the token limit, or a tool call the
+server refused) is a *failed step*: the environment never sees it; the trajectory records the
+raw answer (an agent text step) and an error observation, both with `train=False` and `label="bad"`, counted by reason,
 and the agent tries again with that feedback in its history (which also makes the retry a new
 cache entry). After `max_parse_failures` such steps the episode ends. Whatever ended it (done,
 the step cap, failures, the user leaving), the environment evaluates the episode the same way.
-LLM request errors (`LLMRequestError`) and simulator errors propagate: callers quarantine.
+Every step a model call made carries its usage (tokens, latency, retries, cost). LLM request
+errors (`LLMRequestError`: the server unreachable or failing after the retries, never an answer
+it gave) and simulator errors propagate: callers quarantine the task, which a re-run retries.
 
 A `reviewer` (a teacher supervising the agent, STeP-style) sees every action the world has just
 answered, with a checkpoint of the state before it; it may replace the step with a correction
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, StepResult, Task, checkpoint
+from backends.errors import REFUSED
 from generators.agent import TRUNCATED, Proposal
 from schemas.models import Action, Step, TextObservation, is_system_step
 
@@ -196,7 +199,7 @@ async def continue_episode(
             error = proposal.error or "no action"
             episode.failure_reasons[failure_class(error)] += 1
             steps.append(TextObservation(content=proposal.raw or "", source="agent", train=False, label="bad",
-                                         extra={"parse_error": error}))
+                                         extra={"parse_error": error}, usage=proposal.usage))
             steps.append(TextObservation(content=PARSE_ERROR.format(error=error), source="environment",
                                          name="parse_error", train=False))
             if episode.parse_failures >= max_parse_failures:
@@ -224,5 +227,8 @@ async def continue_episode(
 
 
 def failure_class(error: str) -> str:
-    """The class of a failed step's reason, for counts: an answer cut off at the token limit, or one not readable."""
-    return "truncated" if error.startswith(TRUNCATED) else "unreadable"
+    """The class of a failed step's reason, for counts: an answer cut off at the token limit, one refused
+    (by the server or the model), or one not readable."""
+    if error.startswith(TRUNCATED):
+        return "truncated"
+    return "refused" if error.startswith(REFUSED) else "unreadable"

@@ -28,16 +28,17 @@ from typing import Any, Literal
 import orjson
 
 from backends.base import LLM
+from backends.errors import REFUSED
 from backends.types import Completion
 from converters.export.render import RenderOptions, messages, render, text_message
 from converters.export.request import TEXT_FORMAT, request, system_prompt  # noqa: F401 - TEXT_FORMAT: methods hash it
 from converters.export.tools import function_spec
 from generators.transcript import TranscriptError, parse_assistant, strip_reasoning
 from schemas.models import (ApiAction, MessageAction, RenderSettings, Step, TextObservation, Tool, Trajectory,
-                            is_system_step, system_step)
+                            Usage, is_system_step, system_step)
 
 ACTION_KINDS = ("api", "code", "message")
-# The start of a Proposal error for an answer cut short; episodes count failed steps by it.
+# The start of a Proposal error for an answer cut short (or refused: `REFUSED`); episodes count failed steps by it.
 TRUNCATED = "truncated answer"
 RENDER_CACHE_SIZE = 512
 # The history window and page limit of agent prompts, in characters.
@@ -57,6 +58,8 @@ class Proposal:
     action: ApiAction | MessageAction | None
     raw: str
     error: str | None = None
+    # The model call that made it (the action carries it too); a failed step records it.
+    usage: Usage | None = None
 
 
 def agent_settings(mode: Literal["tools", "text"] = "tools",
@@ -125,8 +128,14 @@ class AgentPolicy:
             completions = await self.llm.chat(msgs, tools=self._wire_tools, n=n, **params)
         else:
             completions = await self.llm.chat(msgs, n=n, **params)
-        return [_truncated(c) if c.finish_reason == "length" else self._read(c.text, c.tool_calls)
-                for c in completions]
+        proposals = []
+        for c in completions:
+            proposal = _unusable(c) if c.unusable or c.finish_reason == "length" else self._read(c.text, c.tool_calls)
+            proposal.usage = self.llm.step_usage(c)
+            if proposal.action is not None:
+                proposal.action.usage = proposal.usage
+            proposals.append(proposal)
+        return proposals
 
     def _read(self, text: str, tool_calls: list[Any]) -> Proposal:
         visible, reasoning = strip_reasoning(text or "")
@@ -155,10 +164,14 @@ class AgentPolicy:
         return Proposal(MessageAction(content=thought, reasoning=reasoning), text)
 
 
-def _truncated(completion: Completion) -> Proposal:
-    """An answer the backend could only get cut short: never an action (its end is missing)."""
+def _unusable(completion: Completion) -> Proposal:
+    """An answer the backend could only get unusable (cut short, an unparseable or refused tool call):
+    never an action (its end is missing, or its call cannot be made)."""
     raw = completion.text or "".join(f"{c.name}({c.arguments}" for c in completion.tool_calls)
-    return Proposal(None, raw, f"{TRUNCATED} (finish_reason=length after the retries)")
+    if completion.finish_reason == "length":
+        return Proposal(None, raw, f"{TRUNCATED} (finish_reason=length after the retries)")
+    why = completion.unusable or "unusable answer"
+    return Proposal(None, raw, why if why.startswith(REFUSED) else f"unreadable answer: {why}")
 
 
 class _RenderCache:

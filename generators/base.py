@@ -29,6 +29,8 @@ from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
 from envs.tasks import MAX_TASKS
 from schemas.store import Dataset
+from schemas.usage import COUNT_PREFIX as USAGE_COUNTS
+from schemas.usage import add_totals, as_counts, empty_totals, trajectory_totals, with_usage
 
 log = logging.getLogger("trajforge.generators")
 
@@ -94,7 +96,7 @@ class MethodConfig(BaseModel):
 _LLM_RUNTIME_KEYS = {
     "max_concurrency", "min_concurrency", "concurrency_increase_after", "request_timeout_s", "max_retries",
     "backoff_base_s", "backoff_max_s", "cache_path", "ledger_path", "api_key_env", "base_url", "n_threads",
-    "endpoints", "endpoint_failures", "endpoint_probe_s", "endpoint_probe_max_s",
+    "endpoints", "endpoint_failures", "endpoint_probe_s", "endpoint_probe_max_s", "price",
 }
 
 
@@ -145,6 +147,10 @@ class RunSummary:
     llm: dict[str, Any] = field(default_factory=dict)
     # What a method measured over the whole output, by name (e.g. a judge's agreement with ground truth).
     report: dict[str, Any] = field(default_factory=dict)
+    # The environment the method acted in (None for methods that act in none).
+    env: str | None = None
+    # The usage of the steps written this run (`schemas.usage` totals of its trajectories, kept or filtered).
+    usage: dict[str, Any] = field(default_factory=empty_totals)
 
     def merge(self, other: RunSummary) -> RunSummary:
         """One summary for several runs of the same method (rounds); the LLM stats are cumulative already."""
@@ -154,16 +160,29 @@ class RunSummary:
         self.counts.update(other.counts)
         self.reasons.update(other.reasons)
         self.llm = other.llm
+        add_totals(self.usage, other.usage)
         return self
+
+    def success_rate(self) -> dict[str, Any] | None:
+        """Successes / episodes of this run's episodes (None when the method ran none)."""
+        episodes = self.counts.get("episodes", 0)
+        if not episodes:
+            return None
+        successes = self.counts.get("successes", 0)
+        return {"method": self.method, "env": self.env, "successes": successes, "episodes": episodes,
+                "rate": round(successes / episodes, 4)}
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
+            "env": self.env,
             "tasks": self.tasks,
             "skipped_done": self.skipped,
             "processed": self.processed,
             "counts": dict(self.counts),
             "rejected_by_reason": dict(self.reasons),
+            "success_rate": self.success_rate(),
+            "usage": self.usage,
             "llm": self.llm,
             "report": self.report,
         }
@@ -231,7 +250,7 @@ class GenerationMethod(ABC):
         done = {tid for unit in output.finished_units().values() for tid in unit.get("meta", {}).get("task_ids", [])}
         self.prepare(output)
         await self.setup()
-        summary = RunSummary(self.name)
+        summary = RunSummary(self.name, env=getattr(self.config, "env", None))
         if progress is not None:
             progress.start(total=len(tasks) if isinstance(tasks, Sized) else None)
 
@@ -281,7 +300,11 @@ class GenerationMethod(ABC):
     def _commit(self, output: Dataset, results: list[tuple[TaskSpec, TaskResult]], summary: RunSummary) -> None:
         with output.unit(f"{self.name}-{uuid.uuid4().hex[:12]}") as unit:
             unit.meta["task_ids"] = [task.id for task, _ in results]
+            usage = empty_totals()
             for _, result in results:
+                for record in [*result.trajectories, *(item.record for item in result.filtered)]:
+                    if (totals := trajectory_totals(with_usage(record))) is not None:
+                        add_totals(usage, totals)
                 unit.write_many("trajectories", result.trajectories)
                 unit.write_many("pairs", result.pairs)
                 unit.write_many("filtered", result.filtered)
@@ -292,7 +315,10 @@ class GenerationMethod(ABC):
                 for item in result.quarantined:
                     summary.reasons[f"{item.stage}: {item.error.split(':')[0]}"] += 1
             unit.counts["tasks"] += len(results)
-            summary.counts.update(unit.counts)
+            if usage["calls"]:
+                unit.counts.update(as_counts(usage))
+            summary.counts.update({k: v for k, v in unit.counts.items() if not k.startswith(USAGE_COUNTS)})
+            add_totals(summary.usage, usage)
 
 
 def llm_config_for(config: MethodConfig, output: Path, role: str = "") -> LLMConfig:

@@ -83,6 +83,10 @@ class SearchPath:
     evaluation: Evaluation | None = None
 
 
+# What a step holds beyond its content: the model call that made it.
+_NOT_CONTENT = {"usage"}
+
+
 def complete_paths(tree: Tree) -> list[SearchPath]:
     """Every rolled-out node's complete path, content duplicates dropped, in node order."""
     seen: set[str] = set()
@@ -91,17 +95,22 @@ def complete_paths(tree: Tree) -> list[SearchPath]:
         if node.outcome is None:
             continue
         steps = node.path_steps()
-        key = hashlib.sha256("\x00".join(s.model_dump_json() for s in steps).encode()).hexdigest()
+        key = hashlib.sha256("\x00".join(s.model_dump_json(exclude=_NOT_CONTENT) for s in steps).encode()).hexdigest()
         if key not in seen:
             seen.add(key)
             out.append(SearchPath(node.id, steps, float(node.outcome), node.evaluation))
     return out
 
 
+def same_content(a: Step, b: Step) -> bool:
+    """Equal steps, whichever model call made them (usage differs from call to call)."""
+    return a is b or a.model_dump(exclude=_NOT_CONTENT) == b.model_dump(exclude=_NOT_CONTENT)
+
+
 def shared_prefix(a: list[Step], b: list[Step]) -> int:
     """Leading steps equal in content, backed off so both continue with an agent action there."""
     k = 0
-    while k < min(len(a), len(b)) and a[k] == b[k]:
+    while k < min(len(a), len(b)) and same_content(a[k], b[k]):
         k += 1
     while k > 0 and not (k < len(a) and k < len(b) and a[k].kind in ACTION_KINDS and b[k].kind in ACTION_KINDS):
         k -= 1

@@ -55,4 +55,6 @@ async def generate(
             "llm_cache_hits": summary.llm.get("cache_hits", 0),
         }
     )
+    # The last run's summary as JSON (what `trajforge generate` printed), beside the counts.
+    ds.update_manifest(last_run=summary.as_dict())
     return summary

@@ -44,6 +44,7 @@ from generators.transcript import FORMAT_HELP, TranscriptError, parse_transcript
 from schemas.models import Rewrite, Tool, Trajectory, system_step
 from schemas.store import Dataset
 from schemas.toolcalls import call_problem
+from schemas.usage import call_totals
 
 SYSTEM = (
     "You generate training data for tool-using AI assistants. Given tools, the policy the assistant "
@@ -269,7 +270,8 @@ class SimiaSFT(GenerationMethod):
             steps=steps,
             tools=tools,
             provenance=self.provenance(task.id, parents=[seed.id], seed=sample),
-            details={"finish_reason": completion.finish_reason, "seed": seed.id, "tools_source": tools_source,
+            details={"finish_reason": completion.finish_reason, "usage": call_totals(self.llm.step_usage(completion)),
+                     "seed": seed.id, "tools_source": tools_source,
                      "policy_source": policy_source, **({"policy_sha256": _sha(policy)} if policy else {}),
                      "verdicts": dict(verdicts),
                      "rewrites": [Rewrite(steps=written, kind="written",

@@ -58,7 +58,8 @@ def _step(s: Any) -> tuple[Any, ...]:
         url, html, axtree, image = s.url, s.html, s.axtree, _image_row(s.screenshot)
         viewport = list(s.viewport) if s.viewport is not None else None
     return (kind, s.tool_call_id, thought, reasoning, function, arguments, language, content, source, name,
-            url, html, axtree, image, viewport, s.reward, s.label, s.train, _json_or_none(s.extra))
+            url, html, axtree, image, viewport, s.reward, s.label, s.train, _json_or_none(s.extra),
+            None if s.usage is None else tuple(s.usage.model_dump().values()))
 
 
 class BatchBuilder:

@@ -80,7 +80,9 @@ def _files_sql(files: Sequence[Path | str]) -> str:
 
 def _rows_sql(files: Sequence[str]) -> str:
     """The rows of `files`, with the file and row number that place each one in input order."""
-    return f"read_parquet({_files_sql(files)}, filename=true, file_row_number=true)"
+    # union_by_name: shards written before a step field existed read it as null (else the first file's
+    # columns win and later files lose the field).
+    return f"read_parquet({_files_sql(files)}, filename=true, file_row_number=true, union_by_name=true)"
 
 
 # Rows (`t`) that are the first occurrence of their id (tables `files` and `firsts`).

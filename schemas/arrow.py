@@ -32,6 +32,20 @@ IMAGE_TYPE = pa.struct(
     ]
 )
 
+# A step's model call (schemas.models.Usage); null on steps no model made. Added in 1.1 after the
+# first datasets were written: shards without it read as null (see `readable_as`).
+USAGE_TYPE = pa.struct(
+    [
+        pa.field("model", pa.string()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("latency_s", pa.float64()),
+        pa.field("retries", pa.int64()),
+        pa.field("cost_usd", pa.float64()),
+        pa.field("cached", pa.bool_()),
+    ]
+)
+
 STEP_TYPE = pa.struct(
     [
         pa.field("kind", pa.string(), nullable=False),
@@ -53,6 +67,7 @@ STEP_TYPE = pa.struct(
         pa.field("label", pa.string()),
         pa.field("train", pa.bool_()),
         pa.field("extra", pa.string()),  # JSON object
+        pa.field("usage", USAGE_TYPE),
     ]
 )
 
@@ -131,6 +146,37 @@ FILTERED_SCHEMA = pa.schema(
 )
 
 
+def readable_as(actual: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether a column written as `actual` reads as `expected` with nothing lost.
+
+    Equal types, or an older struct: every field it has is in `expected` (in the same order, of a
+    readable type) and the fields it lacks are nullable, so a cast fills them with nulls (a step
+    written before `usage` existed has none). Lists compare their items.
+    """
+    if actual.equals(expected):
+        return True
+    if pa.types.is_list(actual) and pa.types.is_list(expected):
+        return readable_as(actual.value_type, expected.value_type)
+    if not (pa.types.is_struct(actual) and pa.types.is_struct(expected)):
+        return False
+    names = [f.name for f in expected]
+    at = -1
+    for field in actual:
+        if field.name not in names or names.index(field.name) <= at:
+            return False
+        at = names.index(field.name)
+        if not readable_as(field.type, expected.field(field.name).type):
+            return False
+    have = {f.name for f in actual}
+    return all(f.nullable for f in expected if f.name not in have)
+
+
+def as_current(data: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.RecordBatch | pa.Table:
+    """`data` (columns of `schema`, some maybe of an older readable type) cast to `schema`'s types."""
+    target = pa.schema([schema.field(name) for name in data.schema.names])
+    return data if data.schema.equals(target) else data.cast(target)
+
+
 def _json_or_none(value: Any) -> str | None:
     return jsonutil.dumps(value) if value else None
 
@@ -153,6 +199,7 @@ def step_to_row(step: Any) -> dict[str, Any]:
         "label": step.label,
         "train": step.train,
         "extra": _json_or_none(step.extra),
+        "usage": step.usage.model_dump() if step.usage is not None else None,
     }
     if kind in ("api", "code", "message"):
         row["thought"] = step.thought
@@ -208,6 +255,8 @@ def step_from_row(row: dict[str, Any]) -> dict[str, Any]:
         out["train"] = row["train"]
     if row.get("extra"):
         out["extra"] = jsonutil.loads(row["extra"])
+    if row.get("usage") is not None:
+        out["usage"] = row["usage"]
     if kind in ("api", "code", "message"):
         out["thought"] = row.get("thought")
         out["reasoning"] = row.get("reasoning")

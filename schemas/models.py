@@ -57,6 +57,26 @@ class ImageRef(_Model):
     annotations: list[Annotation] | None = None
 
 
+class Usage(_Model):
+    """What the model call that made a step used: tokens, time, retries, cost.
+
+    Tokens and cost count every attempt of the call (retried ones too: they were paid for);
+    `latency_s` is the time the model took to answer over those attempts (not time spent queued
+    or backing off). `cost_usd` is None when no price is configured for a remote model (unknown,
+    never 0), 0.0 for a local one. A `cached` answer was served from the response cache: it
+    cost nothing this time (`cost_usd` 0.0, `latency_s` 0.0, `retries` 0), its tokens are the
+    answer's own.
+    """
+
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    retries: int = 0
+    cost_usd: float | None = None
+    cached: bool = False
+
+
 class _Step(_Model):
     """Fields every step carries, whatever its kind."""
 
@@ -68,6 +88,8 @@ class _Step(_Model):
     train: bool = True
     # Free-form extras that have no field (kept so converters stay lossless).
     extra: dict[str, Any] = Field(default_factory=dict)
+    # Set on steps a model call made (actions, and the raw text of an answer that could not be used).
+    usage: Usage | None = None
 
 
 class _Action(_Step):

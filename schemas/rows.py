@@ -23,7 +23,7 @@ _dumps = jsonutil.dumps
 _plain = orjson.dumps
 ORIGINS = frozenset({"user", "agent", "environment"})
 _LABELS = frozenset({"good", "bad", "unknown"})
-_COMMON = frozenset({"kind", "tool_call_id", "reward", "label", "train", "extra"})
+_COMMON = frozenset({"kind", "tool_call_id", "reward", "label", "train", "extra", "usage"})
 _ACTION = _COMMON | {"thought", "reasoning"}
 _STEP_KEYS = {
     "api": _ACTION | {"function", "arguments"},
@@ -129,7 +129,7 @@ def viewport(value: Any) -> list[int] | None:
 
 
 # Step tuples in STEP_TYPE order: kind, tool_call_id, thought, reasoning, function, arguments, language,
-# content, source, name, url, html, axtree, image, viewport, reward, label, train, extra; the common
+# content, source, name, url, html, axtree, image, viewport, reward, label, train, extra, usage; the common
 # fields at the models' defaults. The checks are spelled out: these run once per step.
 def _opt(value: Any) -> bool:
     return value is None or type(value) is str
@@ -139,49 +139,49 @@ def api_step(thought: Any, reasoning: Any, function: Any, arguments: Any) -> tup
     if not (_opt(thought) and _opt(reasoning) and type(function) is str):
         raise Unsure
     return ("api", None, thought, reasoning, function, mapping_json(arguments), None, None, None, None, None, None,
-            None, None, None, None, "unknown", True, None)
+            None, None, None, None, "unknown", True, None, None)
 
 
 def code_step(thought: Any, reasoning: Any, language: Any, content: Any) -> tuple[Any, ...]:
     if not (_opt(thought) and _opt(reasoning) and type(language) is str and type(content) is str):
         raise Unsure
     return ("code", None, thought, reasoning, None, None, language, content, None, None, None, None, None, None,
-            None, None, "unknown", True, None)
+            None, None, "unknown", True, None, None)
 
 
 def message_step(thought: Any, reasoning: Any, content: Any) -> tuple[Any, ...]:
     if not (_opt(thought) and _opt(reasoning) and type(content) is str):
         raise Unsure
     return ("message", None, thought, reasoning, None, None, None, content, None, None, None, None, None, None,
-            None, None, "unknown", True, None)
+            None, None, "unknown", True, None, None)
 
 
 def text_step(content: Any, source: Any, name: Any) -> tuple[Any, ...]:
     if not (type(content) is str and type(source) is str and source in ORIGINS and _opt(name)):
         raise Unsure
     return ("text", None, None, None, None, None, None, content, source, name, None, None, None, None, None, None,
-            "unknown", True, None)
+            "unknown", True, None, None)
 
 
 def json_step(content: Any, source: Any, name: Any) -> tuple[Any, ...]:
     if not (type(source) is str and source in ORIGINS and _opt(name)):
         raise Unsure
     return ("json", None, None, None, None, None, None, _dumps(content), source, name, None, None, None, None, None,
-            None, "unknown", True, None)
+            None, "unknown", True, None, None)
 
 
 def image_step(image_row: dict[str, Any] | None) -> tuple[Any, ...]:
     if image_row is None:
         raise Unsure
     return ("image", None, None, None, None, None, None, None, None, None, None, None, None, image_row, None, None,
-            "unknown", True, None)
+            "unknown", True, None, None)
 
 
 def web_step(url: Any, html: Any, axtree: Any, screenshot: dict[str, Any] | None, view: Any) -> tuple[Any, ...]:
     if not (_opt(url) and _opt(html) and _opt(axtree)):
         raise Unsure
     return ("web", None, None, None, None, None, None, None, None, None, url, html, axtree, screenshot,
-            viewport(view), None, "unknown", True, None)
+            viewport(view), None, "unknown", True, None, None)
 
 
 def _with_common(step: tuple[Any, ...], d: dict[str, Any]) -> tuple[Any, ...]:
@@ -192,7 +192,7 @@ def _with_common(step: tuple[Any, ...], d: dict[str, Any]) -> tuple[Any, ...]:
     if type(label) is not str or label not in _LABELS or type(train) is not bool:
         raise Unsure
     extra = mapping_json_or_none(d["extra"]) if "extra" in d else None
-    return (step[0], opt_str(get("tool_call_id")), *step[2:15], opt_float(get("reward")), label, train, extra)
+    return (step[0], opt_str(get("tool_call_id")), *step[2:15], opt_float(get("reward")), label, train, extra, None)
 
 
 def step_row(d: Any) -> tuple[Any, ...]:
@@ -221,6 +221,8 @@ def step_row(d: Any) -> tuple[Any, ...]:
             step = web_step(get("url"), get("html"), get("axtree"), image(get("screenshot")), get("viewport"))
     except KeyError:  # a required field is missing
         raise Unsure from None
+    if get("usage") is not None:  # a model call's usage: rare in converted input, the models check it
+        raise Unsure
     if d.keys() & {"tool_call_id", "reward", "label", "train", "extra"}:
         step = _with_common(step, d)
     return step

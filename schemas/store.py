@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.arrow import FROM_ROW, TABLE_SCHEMAS, TO_ROW
+from schemas.arrow import FROM_ROW, TABLE_SCHEMAS, TO_ROW, as_current, readable_as
 from schemas.models import SCHEMA_VERSION
 
 MANIFEST = "_manifest.json"
@@ -407,7 +407,8 @@ class Dataset:
             parquet = _open_parquet(file)
             _check_schema(file, parquet.schema_arrow, expected)
             try:
-                yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+                for batch in parquet.iter_batches(batch_size=batch_size, columns=columns):
+                    yield as_current(batch, expected)  # type: ignore[misc]  # a batch stays a batch
             except (pa.ArrowInvalid, OSError) as exc:
                 raise StoreError(f"{file}: corrupt Parquet data ({exc})") from None
 
@@ -449,7 +450,7 @@ def _check_schema(file: Path, actual: pa.Schema, expected: pa.Schema) -> None:
     if actual.names != expected.names:
         raise StoreError(f"{file}: foreign Parquet schema (columns {actual.names}, expected {expected.names})")
     for field in expected:
-        if not actual.field(field.name).type.equals(field.type):
+        if not readable_as(actual.field(field.name).type, field.type):
             raise StoreError(
                 f"{file}: column {field.name!r} has type {actual.field(field.name).type}, expected {field.type}"
             )
@@ -520,11 +521,16 @@ class UnitWriter:
         """Add rows already in Arrow form with the table's schema (no per-row Python objects).
 
         Rows buffered by `write_row` go first, so order is kept; shards obey the same row and
-        byte limits, and row groups hold at most `row_group_rows` rows.
+        byte limits, and row groups hold at most `row_group_rows` rows. Rows read from shards
+        written before a field existed are cast to the current schema.
         """
         _check_table(table)
-        if not batch.schema.equals(TABLE_SCHEMAS[table]):
-            raise ValueError(f"batch for {table!r} has schema {batch.schema}, expected {TABLE_SCHEMAS[table]}")
+        expected = TABLE_SCHEMAS[table]
+        if not batch.schema.equals(expected):
+            if batch.schema.names != expected.names or not all(
+                    readable_as(f.type, expected.field(f.name).type) for f in batch.schema):
+                raise ValueError(f"batch for {table!r} has schema {batch.schema}, expected {expected}")
+            batch = as_current(batch, expected)
         self._flush(table)
         self.counts[table] += batch.num_rows
         data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])

@@ -260,7 +260,7 @@ class Store:
             # OpenAI lines: assistant messages carry keys others lack; keep each column as JSON text.
             return (f"read_json({_sql_list(files)}, format = 'newline_delimited', "
                     "columns = {'messages': 'JSON', 'tools': 'JSON'})")
-        return f"read_parquet({_sql_list(files)})"
+        return f"read_parquet({_sql_list(files)}, union_by_name=true)"  # older shards lack newer step fields
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         cursor = self.cursor()

@@ -107,6 +107,8 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
         },
         "distributions": dists,
         "decontamination": cfg.decontamination or (source_decontamination(source) if source is not None else None),
+        "usage": report.usage.as_card(),
+        "templates": report.templates.as_card(),
     }
 
 
@@ -194,7 +196,9 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
              s["tokens_max"], s["tokens_total"]] for s in data["token_stats"]
         ]), "",
     ]
+    parts += usage_section(data.get("usage") or {})
     parts += training_section(data)
+    parts += templates_section(data.get("templates") or [])
     if reasons:
         parts += ["## Filtered upstream", "", "Records the source dataset's filter or dedup stage dropped "
                   "(from its manifest).", "", _table(["filter: reason", "records"], [[k, n] for k, n in reasons.items()]), ""]
@@ -231,6 +235,56 @@ def _decontamination_section(report: dict[str, Any] | None) -> list[str]:
                                         [[e["id"], f"{e['reference_source']} {e['reference']}", e["kind"],
                                           e["evidence"].replace("|", "/")] for e in examples[:5]]), ""]
     return out
+def _cost(value: float | None) -> str:
+    return "unknown (calls without llm.price)" if value is None else f"${value:,.4f}"
+
+
+def usage_section(usage: dict[str, Any]) -> list[str]:
+    """Markdown: the model calls behind the exported records (tokens, cost) and the episodes' success rate."""
+    parts: list[str] = []
+    if usage.get("usage_total"):
+        t = usage["usage_total"]
+        parts += ["## Model usage", "",
+                  f"The model calls that made the steps of the exported trajectories: {t['calls']:,} calls "
+                  f"({t['cached']:,} served from the cache, at no cost), {t['prompt_tokens']:,} prompt and "
+                  f"{t['completion_tokens']:,} completion tokens, {t['latency_s']:,.1f} s, cost {_cost(t['cost_usd'])} "
+                  "(local models cost 0; retried attempts included).", "",
+                  _table(["method", "environment", "calls", "cached", "prompt tokens", "completion tokens", "cost"],
+                         [[r["method"], r["env"], r["calls"], r["cached"], r["prompt_tokens"], r["completion_tokens"],
+                           _cost(r["cost_usd"])] for r in usage["usage"]]), ""]
+    if usage.get("outcomes"):
+        parts += ["## Success rate", "",
+                  "Successes / episodes of the input trajectories with a known outcome (before failed ones are "
+                  "left out).", "",
+                  _table(["method", "environment", "successes", "episodes", "rate"],
+                         [[o["method"], o["env"], o["successes"], o["episodes"], f"{o['rate']:.1%}"]
+                          for o in usage["outcomes"]]), ""]
+    return parts
+
+
+def templates_section(templates: list[dict[str, Any]]) -> list[str]:
+    """Markdown: which of TRL's bundled training templates render every row of the export whole."""
+    if not templates:
+        return []
+    from converters.export.templates import CALLS_DROPPED, EMPTY_TURN, TOOLS_DROPPED
+
+    rows = []
+    for t in templates:
+        if "error" in t:
+            rows.append([f"`{t['template']}`", "-", "-", "-", "-", f"do not use: cannot render an agent conversation "
+                         f"({t['error']})"])
+            continue
+        lost = t["rows"] - t["whole"]
+        rows.append([f"`{t['template']}`", f"{t['whole']:,} of {t['rows']:,}", t[EMPTY_TURN], t[CALLS_DROPPED],
+                     t[TOOLS_DROPPED], "renders every row" if not lost else f"do not use: {lost:,} rows train on less "
+                                                                            "than they hold"])
+    return ["## Chat templates", "",
+            "How TRL's bundled training templates (SFTTrainer swaps one in for its model family with "
+            "`assistant_only_loss=True`) render this export's rows: a trainable assistant turn must show its text and "
+            "tool calls, and a row's tools must be in the prompt. Train with a template that renders every row, or "
+            "export `--format tokenized` with your tokenizer, which checks each row against its template.", "",
+            _table(["template", "rows rendered whole", "rows with a turn rendered empty", "rows with tool calls dropped",
+                    "rows with tools dropped", "verdict"], rows), ""]
 
 
 def _length_heading(fmt: str) -> list[str]:

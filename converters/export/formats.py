@@ -125,7 +125,7 @@ FORMATS: dict[str, Format] = {
     for f in [
         Format("trl-sft", "trajectories", "parquet", None, _sft_schema,
                "TRL SFTTrainer, conversational: `prompt`/`completion` (+ `tools`), one row per trainable segment, "
-               "or `messages` with per-message `train` flags when no step is masked.", supervised=True,
+               "or `messages` (+ `tools`), whose trajectories have no masked step.", supervised=True,
                batch=sft_batch),
         Format("trl-dpo", "pairs", "parquet", dpo_rows, _dpo_schema,
                "TRL DPOTrainer, conversational: `prompt` (the shared history), `chosen`, `rejected` (+ `tools`)."),

@@ -10,9 +10,10 @@ from typing import Any
 
 TRL_TEMPLATES = (
     "It needs a chat template with `{% generation %}` markers. TRL 1.16 swaps in its bundled training template "
-    "when it knows the model family (Qwen 2.5 / 3 / 3.5 / 3.6, Llama 3, Gemma, GLM-4-MoE, gpt-oss, DeepSeek-V3, "
-    "Nemotron 3, LFM2, Phi-3, Cohere, ...); for any other template use `--format tokenized`, whose masks do not "
-    "depend on the trainer.")
+    "when it knows the model family, but not every one renders what agent rows hold (Llama 3's renders neither "
+    "tools nor tool calls): the section Chat templates says which render every row of this export. For any other "
+    "template use `--format tokenized`, whose masks do not depend on the trainer and whose rows are checked "
+    "against the template.")
 MAX_LENGTH = (
     "`max_length=None` (or at least your longest row in tokens): TRL's default of 1024 cuts longer rows at the end"
     "{drops}.")
@@ -44,8 +45,9 @@ def training_section(data: dict[str, Any]) -> list[str]:
                     "inside a completion, and every masked step (always in the prompt), carry no loss. "]
         else:
             out += ["Loss falls on every assistant message (`assistant_only_loss=True`); tool results, user and system "
-                    "turns carry none. Each assistant message also carries `train` (false on masked steps) for "
-                    "trainers that read per-message flags (Axolotl: `message_field_training: train`). "]
+                    "turns carry none. No row has a masked step: TRL reads no per-message flag, so the export refuses "
+                    "(or, with `--skip-unfit-rows`, skips) trajectories with `train=false` assistant steps; each "
+                    "assistant message's `train` flag is true. "]
         out += [TRL_TEMPLATES, "", MAX_LENGTH.format(drops=""), ""]
     elif fmt == "trl-dpo":
         out += _code(["from trl import DPOConfig, DPOTrainer", "args = DPOConfig(max_length=None)"])
@@ -77,7 +79,10 @@ def training_section(data: dict[str, Any]) -> list[str]:
                       f"args = SFTConfig(max_length={limit if limit else None})"])
         out += ["The rows are already tokenized: TRL uses `input_ids` as they are and turns `assistant_masks` into "
                 "labels whatever `assistant_only_loss` says (leave it unset: it only applies to conversational rows). "
-                f"Tokenizer: `{tok.get('path', '-')}`; message spans from {tok.get('method', '-')}.", ""]
+                f"Tokenizer: `{tok.get('path', '-')}`; message spans from {tok.get('method', '-')}. Every exported row "
+                "was checked against that template: each trainable assistant message renders its text and tool calls, "
+                "and the row's tools render where it has them (rows that did not were refused, or skipped with "
+                "`--skip-unfit-rows`: see Counts).", ""]
     elif fmt == "openai":
         out += ["Upload the JSONL files as they are: OpenAI trains assistant messages with `weight` 1 only.", ""]
     elif fmt == "sharegpt":

@@ -40,7 +40,8 @@ def iter_joined_pairs(
             con.execute(f"SET memory_limit = '{memory_limit}'")
             con.execute(f"SET temp_directory = '{spill}'")
             if trajectory_files:
-                trajectories = f"read_parquet({_files(trajectory_files)})"
+                # union_by_name: older shards (no step `usage`) and newer ones read as one table.
+                trajectories = f"read_parquet({_files(trajectory_files)}, union_by_name=true)"
             else:  # no trajectories at all: every pair is missing both sides
                 con.register("no_trajectories", TRAJECTORY_SCHEMA.empty_table())
                 trajectories = "no_trajectories"

@@ -35,7 +35,7 @@ from schemas.models import RenderSettings, rewritten_steps
 _KINDS = pa.array(KINDS)
 _ORIGINS = pa.array(["user", "agent", "environment"])
 _LABELS = pa.array(["good", "bad", "unknown"])
-# The trajectory columns the exporter reads.
+# The trajectory columns the exporter reads (details: for the card's per-environment counts).
 COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance", "details"]
 
 

@@ -30,15 +30,18 @@ from converters.export.options import DPO_LEVELS, HISTORIES, KTO_MODES, SFT_LAYO
 from converters.export.records import COLUMNS, Batch, pair_refs
 from converters.export.render import Conversation, RenderOptions, Unrenderable
 from converters.export.sharegpt import DATASET_INFO
+from converters.export.templates import RowFeatures, TemplateReport
 from converters.export.tokenized import ChatTokenizer, TokenizerError
+from converters.export.usage import UsageReport
 from converters.export.writer import DEFAULT_SHARD_ROWS, TEMP_PREFIX, ShardWriter
 from schemas.store import Dataset
 
 BATCH_ROWS = 1024
 FAILED = "success = false (--include-failed keeps it)"
 DUPLICATE = "duplicate of an earlier row"
+# A trl-sft messages row would train its train=false steps: TRL's SFTTrainer reads no per-message flag.
+MASKED_IN_MESSAGES = "train=false assistant steps (--sft-layout messages would train them)"
 # Notes the summary and the card show next to the counts.
-MASKED_IN_MESSAGES = "rows with train=false assistant messages (TRL's SFTTrainer trains them; see the card)"
 TRUNCATED = "rows truncated by --max-length"
 DROPPED_TURNS = "messages dropped by --max-length"
 
@@ -66,6 +69,8 @@ class ExportConfig:
     # `tokenized`: a tokenizer directory (or hub name) and the longest row in tokens.
     tokenizer: str | None = None
     max_length: int | None = None
+    # Rows the layout or the chat template cannot train as recorded: skipped with the reason, else refused.
+    skip_unfit_rows: bool = False
     overwrite: bool = False
     duckdb_memory_limit: str = pair_join.DEFAULT_MEMORY_LIMIT
     # What decontamination dropped upstream (the pipeline flow passes it; else the source's manifest has it).
@@ -118,6 +123,10 @@ class ExportReport:
     tokenizer: dict[str, Any] | None = None
     include_failed: bool = False
     reasoning: bool = True
+    # Model usage behind the exported rows and the episodes' success, per method and environment.
+    usage: UsageReport = field(default_factory=UsageReport)
+    # How TRL's bundled training templates render the written rows (conversational TRL formats).
+    templates: TemplateReport = field(default_factory=TemplateReport)
 
     @property
     def skipped_total(self) -> int:
@@ -167,7 +176,7 @@ def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
     reasoning = fmt.keeps_reasoning if cfg.reasoning is None else cfg.reasoning
     return FormatOptions(RenderOptions(reasoning=reasoning, web_max_chars=cfg.web_max_chars),  # type: ignore[arg-type]
                          cfg.sft_layout, cfg.kto_mode, cfg.dpo_level, tokenizer,  # type: ignore[arg-type]
-                         history=cfg.history)  # type: ignore[arg-type]
+                         skip_unfit=cfg.skip_unfit_rows, history=cfg.history)  # type: ignore[arg-type]
 
 
 # ---- streaming -------------------------------------------------------------------------------
@@ -340,6 +349,8 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
     report.skipped.update(r for r in inputs.reasons if r is not None)
     exported = np.array([r is None for r in inputs.reasons], dtype=bool)
     report.records_exported += int(exported.sum())
+    if fmt.table == "trajectories":
+        report.usage.add_outcomes(inputs.behind[0])
     if not exported.any():
         return
     rows_per = np.bincount(owner, minlength=n) * copies_of
@@ -368,10 +379,33 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
         rewards = pc.value_counts(pc.round(batch.column("reward").filter(pa.array(exported)).drop_null(), 2))
         report.rewards.update(dict(zip(rewards.field("values").to_pylist(), rewards.field("counts").to_pylist())))
         report.step_labels.update(batch.action_labels(exported))
-    if fmt.name == "trl-sft" and opts.sft_layout == "messages":
-        masked_rows = int(rows_per[exported & first.masked_assistant].sum())
-        if masked_rows:
-            report.notes[MASKED_IN_MESSAGES] += masked_rows
+        report.usage.add_usage(batch, exported)
+
+
+def _masked_in_messages(fmt: Format, cfg: ExportConfig, opts: FormatOptions, inputs: Inputs,
+                        copies_of: np.ndarray) -> None:
+    """trl-sft messages rows of trajectories with train=false assistant steps: refused, or skipped by option."""
+    if fmt.name != "trl-sft" or opts.sft_layout != "messages":
+        return
+    for r in np.flatnonzero(inputs.behind[0].masked_assistant & (copies_of > 0)).tolist():
+        if not cfg.skip_unfit_rows:
+            raise ExportError(f"record {inputs.ids[r]!r} has {MASKED_IN_MESSAGES}: TRL's SFTTrainer reads no "
+                              "per-message flag; use --sft-layout prompt-completion (the default), or --skip-unfit-rows")
+        inputs.reasons[r], copies_of[r] = MASKED_IN_MESSAGES, 0
+
+
+# The columns whose assistant messages a row trains, for the chat-template check (with the `train` flag).
+_TRAINED_COLUMNS: dict[str, Callable[[FormatOptions], tuple[list[str], bool]]] = {
+    "trl-sft": lambda o: (["messages"], True) if o.sft_layout == "messages" else (["completion"], False),
+    "trl-dpo": lambda o: (["chosen", "rejected"], False),
+    "trl-kto": lambda o: (["completion"], False),
+}
+
+
+def _check_templates(report: ExportReport, fmt: Format, opts: FormatOptions, table: pa.RecordBatch) -> None:
+    if fmt.name in _TRAINED_COLUMNS:
+        columns, flag = _TRAINED_COLUMNS[fmt.name](opts)
+        report.templates.add(RowFeatures.of(table, columns, flag))
 
 
 def _tokenized_notes(report: ExportReport, fmt: Format, rows: list[dict[str, Any]]) -> None:
@@ -440,6 +474,7 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
     try:
         for inputs in batches:
             copies_of = _select(fmt, cfg, inputs)
+            _masked_in_messages(fmt, cfg, opts, inputs, copies_of)
             rows: list[dict[str, Any]] = []
             if fmt.batch is not None:
                 reasons, table, owner = fmt.batch(inputs.behind[0], opts, schema, copies_of > 0)
@@ -461,6 +496,7 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
                 writer.write_batch(table)
                 report.rows += table.num_rows
                 _measure(report, fmt, opts, table, [])
+                _check_templates(report, fmt, opts, table)
             if progress is not None:
                 progress(len(inputs.ids))
         report.files = writer.close()

@@ -17,11 +17,10 @@ Two layouts (one per export: a dataset has one schema):
   (`completion_only_loss`, its default for this layout) and, with `assistant_only_loss=True`,
   only on the assistant tokens of it: the two masks combine, so tool results and user turns
   inside a completion carry no loss.
-- `messages`: `{"messages": [...], "tools": ...}`; every assistant message carries `train`
-  (false on masked steps), the per-message flag of OpenAI's `weight` and of trainers that read
-  one (Axolotl: `message_field_training: train`). TRL's SFTTrainer does not read it: with
-  `assistant_only_loss=True` it trains every assistant message, so the driver picks this layout
-  by default only when no selected trajectory has a masked assistant step, and warns otherwise.
+- `messages`: `{"messages": [...], "tools": ...}`; every assistant message carries `train`. TRL's
+  SFTTrainer does not read it: with `assistant_only_loss=True` it trains every assistant message,
+  so the driver refuses (or, with `--skip-unfit-rows`, skips) trajectories with a masked assistant
+  step in this layout; loss never falls on a masked step.
 
 Messages after the last assistant message carry no training signal and are left out. Tool-call
 arguments load as mappings (`formats`); `tools` is JSON text of `[{"type": "function",

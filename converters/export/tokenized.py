@@ -22,6 +22,12 @@ the last assistant message that still fits and is rendered again from those (nev
 message or a token, never without the context before the kept turns); `dropped_turns` says how
 many messages were dropped. A conversation whose first trainable assistant message does not fit
 is skipped. Messages after the last assistant message are left out, as everywhere.
+
+Every row is checked against the template it is rendered with (`templates.row_problem`): each
+trainable assistant message must render its text and tool calls, and the row's tools must render
+where it has them. A template that cannot (TRL's `llama3_training` renders neither tool calls nor
+tools) stops the export with one line naming the record, or, with `--skip-unfit-rows`, the row is
+skipped with the reason; so the masks of every exported row are exact.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 from converters.export.options import FormatOptions
 from converters.export.records import Record
 from converters.export.render import Unrenderable
+from converters.export.templates import row_problem
 
 _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -47,6 +54,8 @@ class Encoded:
     input_ids: list[int]
     mask: list[int]  # 1 on the tokens of trainable assistant messages
     spans: list[tuple[int, int]]  # token [start, end) of each assistant message, in order
+    text: str = ""  # the rendered conversation
+    char_spans: list[tuple[int, int]] | None = None  # character [start, end) of each assistant message
 
 
 def has_generation_markers(template: str) -> bool:
@@ -141,7 +150,11 @@ class ChatTokenizer:
             spans.append((start, stop))
             if train:
                 mask[start:stop] = [1] * (stop - start)
-        return Encoded(ids, mask, spans)
+        return Encoded(ids, mask, spans, text, list(char_spans))
+
+    def text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as the chat template renders it."""
+        return self._render(messages, tools)[0]
 
     def tokenize(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                  add_generation_prompt: bool = False) -> list[int]:
@@ -214,6 +227,14 @@ def tokenized_rows(record: Record, opts: FormatOptions) -> list[dict[str, Any]]:
     dropped = 0
     if tok.max_length is not None and len(enc.input_ids) > tok.max_length:
         enc, dropped = _truncate(tok, messages, positions, trainable, tools, enc)
+    kept = messages[: len(messages) - dropped]
+    assert enc.char_spans is not None
+    problem = row_problem(enc.text, enc.char_spans, kept, trainable, tok.text(kept, None) if tools else None)
+    if problem is not None:
+        if opts.skip_unfit:
+            raise Unrenderable(f"{problem} with the chat template")
+        raise TokenizerError(f"record {record.id}: {problem} with {tok.method}; use a chat template that renders tool "
+                             "calls and tools (e.g. TRL's qwen3_training), or --skip-unfit-rows to leave such rows out")
     return [{"id": record.id, "source": record.source, "input_ids": enc.input_ids, "assistant_masks": enc.mask,
              "dropped_turns": dropped}]
 

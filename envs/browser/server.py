@@ -2,11 +2,18 @@
 
 MiniWoB++'s pages and a site shipped as files (`env_config.site_dir`) are served this way; the
 server runs in a daemon thread, so it needs no event loop and ends with the process.
+
+Text is sent with the charset it is in: the one a file declares (a byte-order mark, an HTML
+`<meta charset>` in its first 1024 bytes, a CSS `@charset`, an XML declaration), else UTF-8. Without
+one, browsers decode a page as windows-1252 and every non-ASCII character comes out wrong
+('ÖK' reads 'Ã–K').
 """
 
 from __future__ import annotations
 
+import codecs
 import functools
+import re
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -14,12 +21,49 @@ from typing import Any
 
 _SERVERS: dict[Path, ThreadingHTTPServer] = {}
 _LOCK = threading.Lock()
+_TEXT_TYPES = ("application/javascript", "application/json", "application/xml", "image/svg+xml",
+               "application/xhtml+xml")
+_BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16le"), (codecs.BOM_UTF16_BE, "utf-16be"))
+# Where a file names its own encoding, in the first bytes the browser's own pre-scan reads.
+_DECLARED = {
+    "text/html": re.compile(rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z0-9._:-]+)", re.IGNORECASE),
+    "text/css": re.compile(rb'\A@charset\s+"([A-Za-z0-9._:-]+)"'),
+    "xml": re.compile(rb"\A<\?xml[^>]*encoding\s*=\s*[\"']([A-Za-z0-9._:-]+)", re.IGNORECASE),
+}
+
+
+def declared_charset(path: str | Path, content_type: str) -> str | None:
+    """The encoding a text file declares for itself (byte-order mark first), or None."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1024)
+    except OSError:
+        return None
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return name
+    pattern = _DECLARED.get("xml" if content_type.endswith("xml") else content_type)
+    found = pattern.search(head) if pattern is not None else None
+    if found is None:
+        return None
+    # Passed on as written: the browser, not Python, decides which names it knows.
+    return found.group(1).decode("ascii").lower()
+
+
+def content_type(path: str | Path, guessed: str) -> str:
+    """`guessed` with the charset a text file is in: the one it declares, else UTF-8."""
+    if not (guessed.startswith("text/") or guessed in _TEXT_TYPES) or "charset=" in guessed:
+        return guessed
+    return f"{guessed}; charset={declared_charset(path, guessed) or 'utf-8'}"
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
     """Serves files without a log line per request, over kept-alive connections (a page loads many files)."""
 
     protocol_version = "HTTP/1.1"
+
+    def guess_type(self, path: str | Path) -> str:  # type: ignore[override]
+        return content_type(path, super().guess_type(path))
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass

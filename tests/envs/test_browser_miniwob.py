@@ -153,3 +153,21 @@ def test_envs_check_of_the_miniwob_config() -> None:
     assert report["tasks"] == len(tasks) and report["healthy"], report
     assert report["reference"]["passed"] == report["reference"]["total"] == len(tasks), report["reference"]["failed"]
     assert report["do_nothing"]["passed"] == 0, report["do_nothing"]
+
+
+async def test_pages_decode_as_utf8_unless_they_declare_their_own_charset(env: BrowserEnv, tmp_path: Path) -> None:
+    """The static server sends `charset=utf-8` for text; MiniWoB's unicode-test reads as the page says it,
+    and a page that declares windows-1252 keeps it."""
+    [task] = load_tasks(TaskSourceConfig(source="miniwob", seed=0, options={"tasks": ["unicode-test"], "seeds": 1}),
+                        "browser")
+    assert task.instruction == 'Click on the "ÖK" button.'
+    [page] = [o for o in await env.reset(task) if o.kind == "web"]
+    buttons = {node.name for node in parse_axtree(page.axtree or "") if node.role == "button"}
+    assert {"ÖK", "Cancél", "ヘルプ"} <= buttons, page.axtree
+
+    (tmp_path / "latin.html").write_bytes('<html><head><meta charset="windows-1252"><title>t</title></head>'
+                                          '<body><button>Ölçü façade</button></body></html>'.encode("cp1252"))
+    async with BrowserEnv(site_dir=str(tmp_path), observe=["axtree"]) as latin:
+        [shown] = [o for o in await latin.reset(Task(id="latin", env="browser", instruction="read",
+                                                     params={"start_url": "latin.html"})) if o.kind == "web"]
+    assert "button 'Ölçü façade'" in (shown.axtree or ""), shown.axtree

@@ -55,7 +55,7 @@ def test_every_format_is_a_loadable_hf_dataset_with_a_card(hand_dataset, tmp_pat
     assert "approximate" in card.lower() and "## Source mix" in card and "input records" in card
 
 
-def test_sft_layouts_skip_reasons_and_the_masked_messages_warning(hand_dataset, tmp_path):
+def test_sft_layouts_skip_reasons_and_masked_steps_refused_in_messages_rows(hand_dataset, tmp_path):
     report = export(hand_dataset, tmp_path / "sft", ExportConfig(format="trl-sft"))
     assert report.sft_layout == "prompt-completion"
     assert report.skipped == {"no assistant turn": 1, FAILED: 2}
@@ -64,11 +64,17 @@ def test_sft_layouts_skip_reasons_and_the_masked_messages_warning(hand_dataset, 
     assert set(rows.column_names) == {"id", "source", "segment", "prompt", "completion", "tools"}
     assert rows.features["completion"].feature["tool_calls"].feature["function"]["arguments"] == datasets.Json()
     assert not report.notes
-    report = export(hand_dataset, tmp_path / "sft-msg", ExportConfig(format="trl-sft", sft_layout="messages"))
-    assert report.skipped == {"no assistant turn": 1, FAILED: 2} and report.rows == 4
-    assert report.notes == {MASKED_IN_MESSAGES: 2}  # kept with train=false flags, and said so
+    # messages rows would train masked steps (TRL reads no per-message flag): refused in one line, or skipped.
+    result = CliRunner().invoke(app, ["export", str(hand_dataset), "--format", "trl-sft", "--sft-layout", "messages",
+                                      "--output", str(tmp_path / "refused")])
+    assert result.exit_code == 1 and "record 't-masked' has train=false assistant steps" in result.output
+    assert not list((tmp_path / "refused").glob("data/train-*"))
+    report = export(hand_dataset, tmp_path / "sft-msg", ExportConfig(format="trl-sft", sft_layout="messages",
+                                                                     skip_unfit_rows=True))
+    assert report.skipped == {"no assistant turn": 1, FAILED: 2, MASKED_IN_MESSAGES: 2} and report.rows == 2
+    assert all(m["train"] for row in _load(tmp_path / "sft-msg") for m in row["messages"] if m["role"] == "assistant")
     card = (tmp_path / "sft-msg" / "README.md").read_text()
-    assert MASKED_IN_MESSAGES in card and "SFTConfig(assistant_only_loss=True, max_length=None)" in card
+    assert f"skipped: {MASKED_IN_MESSAGES}" in card and "SFTConfig(assistant_only_loss=True, max_length=None)" in card
     report = export(hand_dataset, tmp_path / "sft-all", ExportConfig(format="trl-sft", include_failed=True))
     assert report.skipped == {"no assistant turn": 1} and report.records_exported == 6
 

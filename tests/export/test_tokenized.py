@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
 # A ChatML-like template of our own (no TRL training template matches it), with and without
 # generation markers around what an assistant message writes.
 _TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\ntools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}{% generation %}"
     "{{ m.content or '' }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} "
     "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endgeneration %}"

@@ -86,6 +86,16 @@ def test_pipeline_flow_runs_every_stage_then_skips(prefect_harness, tmp_path):
         assert first["stages"][[r["name"] for r in first["stages"]].index(f"{name}-trl-sft")]["counts"]["in"] \
             == ds.count()
 
+    # The summary's usage, cost and success rate (the fake server is a remote model without a price).
+    from flows.run_summary import llm_cost, success_line, unusable_answers, usage_line
+
+    generated = first["stages"][1]
+    assert generated["counts"]["llm_prompt_tokens"] > 0 and generated["counts"]["llm_cost_usd"] is None
+    assert success_line(generated) == "  generate rollout (rollout on retail): successes = 0 of 2 episodes (0.0%)"
+    assert llm_cost(first["stages"]) == "unknown: no llm.price for this remote model"
+    assert unusable_answers(first["stages"]) == "truncated answers 0, other unusable answers 0"
+    assert f"tokens {generated['counts']['llm_prompt_tokens']:,} prompt" in usage_line(generated)
+
     runs = _runs(out)
     assert len(runs) == 2 and runs[0]["flow_run_id"] and runs[0]["flow_run_id"] != runs[1]["flow_run_id"]
     arts = asyncio.run(_artifacts(runs[0]["flow_run_id"]))

@@ -10,7 +10,7 @@ from filters.step_judge import describe
 from generators.base import TaskSpec
 from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig, shared_prefix, splice
 from generators.scripted import REVISION_ANSWER, REVISION_MARK, ScriptedRetailLLM, cancel_tasks
-from schemas.models import ApiAction, MessageAction, TextObservation
+from schemas.models import ApiAction, MessageAction, TextObservation, Usage
 from schemas.store import Dataset
 
 
@@ -98,6 +98,10 @@ def test_splice_function_masks_bad_segment_up_to_the_error():
     bad = prefix + [a("b1"), obs("r1"), a("b2"), obs("r2"), a("b3"), obs("r3")]
     good = prefix + [a("g1"), obs("q1")]
     assert shared_prefix(good, bad) == 1
+    # The same action made by two model calls (each with its own usage) is shared content.
+    same = [obs("task"), a("s1").model_copy(update={"usage": Usage(model="m", latency_s=0.1)}), obs("r1")]
+    twin = [*same[:1], same[1].model_copy(update={"usage": Usage(model="m", latency_s=0.7)}), obs("r1")]
+    assert shared_prefix(same + [a("x"), obs("x")], twin + [a("y"), obs("y")]) == 3
     steps, masked = splice(1, bad, good, error=3, revision="oops")
     assert masked == [1, 2, 3, 4]
     assert [s.train for s in steps] == [True, False, False, False, False, True, True, True]
