@@ -50,6 +50,14 @@ class ExportError(Exception):
     """Bad input or options; the message is a one-line explanation."""
 
 
+class NothingToExport(ExportError):
+    """No input record gives a row: an export of no row is no dataset (`datasets` cannot load it)."""
+
+    def __init__(self, message: str, report: "ExportReport") -> None:
+        super().__init__(message)
+        self.report = report
+
+
 @dataclass
 class ExportConfig:
     format: str
@@ -484,7 +492,7 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
             if progress is not None:
                 progress(len(inputs.ids))
         if not report.rows:  # an empty export would not load (`datasets` finds no data) nor train
-            raise ExportError(_nothing_to_export(report, fmt, ds))
+            raise NothingToExport(_nothing_to_export(report, fmt, ds), report)
         report.files = writer.close()
     except TokenizerError as exc:  # the chat template cannot give exact masks: for any record
         writer.abort()

@@ -201,8 +201,9 @@ def test_bad_input_errors(hand_dataset, tmp_path):
 
 def test_cli_export_summary_and_one_line_errors(hand_dataset, tmp_path):
     runner = CliRunner()
+    # Wide enough that no path wraps, however long the temp dir (an xdist worker's is longer).
     result = runner.invoke(app, ["export", str(hand_dataset), "--format", "trl-kto", "--output", str(tmp_path / "k"),
-                                 "--shard-rows", "2", "--seed", "3"])
+                                 "--shard-rows", "2", "--seed", "3"], env={"COLUMNS": "1000"})
     assert result.exit_code == 0, result.output
     assert "records in" in result.output and "no success label" in result.output
     assert "README.md (section Training)" in " ".join(result.output.split())

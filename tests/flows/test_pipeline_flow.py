@@ -68,11 +68,16 @@ def test_pipeline_flow_runs_every_stage_then_skips(prefect_harness, tmp_path):
         second = pipeline_flow(str(config))
         assert len([e for e in server.log if "body" in e]) == calls  # no LLM call again
     out = tmp_path / "out"
+    # The agent only says it is done, so both rollouts fail: their SFT export has no row, and the run
+    # writes none (`datasets` could not load it), says why and goes on.
+    empty = (f"skipped: nothing to export: none of the 2 trajectories of {out / 'generate' / 'rollout'} gives a "
+             "trl-sft row (2 success = false (--include-failed keeps it))")
     assert [(r["stage"], r["name"], r["reason"]) for r in first["stages"]] == [
         ("convert", "adp", "ran"), ("generate", "rollout", "ran"),
-        ("export", "adp-trl-sft", "ran"), ("export", "rollout-trl-sft", "ran")]
+        ("export", "adp-trl-sft", "ran"), ("export", "rollout-trl-sft", empty)]
     assert all(r["reason"].startswith("skipped") for r in second["stages"])
     assert [r["counts"] for r in second["stages"]] == [r["counts"] for r in first["stages"]]
+    assert not (out / "export" / "rollout-trl-sft").exists()
 
     conv, gen = Dataset.open(out / "convert" / "adp"), Dataset.open(out / "generate" / "rollout")
     assert conv.complete and gen.complete
@@ -80,9 +85,9 @@ def test_pipeline_flow_runs_every_stage_then_skips(prefect_harness, tmp_path):
     assert first["stages"][0]["counts"]["in"] == expected_adp
     assert gen.count() == 2
     assert len(conv.ids()) == conv.count() and len(gen.ids()) == 2  # no duplicates after the re-run
+    export = out / "export" / "adp-trl-sft"
+    assert (export / "README.md").is_file() and list((export / "data").glob("train-*.parquet"))
     for name, ds in (("adp", conv), ("rollout", gen)):
-        export = out / "export" / f"{name}-trl-sft"
-        assert (export / "README.md").is_file() and list((export / "data").glob("train-*.parquet"))
         assert first["stages"][[r["name"] for r in first["stages"]].index(f"{name}-trl-sft")]["counts"]["in"] \
             == ds.count()
 
@@ -93,9 +98,8 @@ def test_pipeline_flow_runs_every_stage_then_skips(prefect_harness, tmp_path):
     summary = by_key["trajforge-pipeline-summary"]
     assert "| convert | adp | ran |" in summary.data and "| generate | rollout | ran |" in summary.data
     assert "(file://" in summary.data
-    for name in ("adp", "rollout"):
-        link = by_key[f"trajforge-export-{name}-trl-sft"]
-        assert str(out / "export" / f"{name}-trl-sft") in link.data
+    assert str(out / "export" / "adp-trl-sft") in by_key["trajforge-export-adp-trl-sft"].data
+    assert "trajforge-export-rollout-trl-sft" not in by_key  # no link to an export that was not written
     again = asyncio.run(_artifacts(runs[1]["flow_run_id"]))
     assert any(a.key == "trajforge-pipeline-summary" and "skipped" in a.data for a in again)
 
