@@ -165,6 +165,10 @@ def test_serve_runs_on_an_interval(prefect_server, tmp_path):
     assert runs, "no scheduled run finished within 240 s:\n" + (tmp_path / "serve.log").read_text()[-3000:]
     assert {s["stage"] for s in runs[0]["stages"]} == {"convert", "generate", "export"}
     run = asyncio.run(_flow_run(prefect_server, runs[0]["flow_run_id"]))
+    deadline = time.time() + 60  # the flow writes its run line just before Prefect records it completed
+    while not run.state.is_final() and time.time() < deadline:
+        time.sleep(0.5)
+        run = asyncio.run(_flow_run(prefect_server, runs[0]["flow_run_id"]))
     assert run.auto_scheduled and run.deployment_id is not None  # made by the schedule, not by hand
     assert run.state.is_completed()
 
