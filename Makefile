@@ -8,6 +8,9 @@ PIP := $(PY) -m pip
 TRAJFORGE := $(VENV)/bin/trajforge
 OUT ?= out/demo
 PYTEST_ARGS ?=
+# Tests run in parallel (pytest-xdist). Many wait on servers, browsers and subprocesses, so even two
+# cores keep three workers busy; worksteal evens out the few long tests.
+PYTEST_WORKERS ?= 3
 
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
@@ -57,7 +60,7 @@ demo: $(VENV)/.installed-base
 # mcp SDK 1.x): made once, cached under ~/.cache/trajforge-tests (tests/server_venvs.py).
 test: $(VENV)/.installed-test
 	$(PY) -m tests.server_venvs
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # All benchmarks, each in its own process; writes benchmarks/results/summary.md.
 # BENCH_ARGS="--full" for the large sizes, BENCH_ARGS="--only dedup export" for some.

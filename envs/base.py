@@ -9,7 +9,9 @@ a replay). Everything is async, on every environment, built-in ones too:
         verdict = await env.evaluate()              # Evaluation(reward, success, reason, details)
 
 The base class keeps the episode's bookkeeping once for every world: the task, the history of
-(action, observation) steps, the step cap, refusing actions after the end, and the user. The
+(action, observation) steps, the step cap, refusing actions after the end, and the user. It cuts
+every observation longer than `max_observation_chars` where it leaves the world (schemas/cut.py):
+the agent, the record and the exports see the same cut, the whole text stays with the record. The
 user is a component of its own (`UserSimulator`): when the agent sends a message and the episode
 has a user, the user answers it; the world only ever sees tool calls (and, where it has no user,
 the agent's final message). Subclasses implement `_reset`, `_act` and `_evaluate`.
@@ -30,6 +32,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.cut import DEFAULT_MAX_OBSERVATION_CHARS, cut_observation
 from schemas.models import Action, ApiAction, CodeAction, MessageAction, Observation, Step, TextObservation, Tool
 
 ACTION_KINDS = ("api", "code", "message")
@@ -151,6 +154,8 @@ class Environment(ABC):
     can_snapshot: ClassVar[bool] = False
     # How the outcome is checked, in words (goal state, reference actions, a verification tool, a judge).
     evaluation: ClassVar[str] = "none"
+    # Longest observation text handed out whole (None: no limit); the run's config sets it (EnvSpec).
+    max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS
 
     def __init__(self, *, max_steps: int = 50, user: UserSimulator | None = None, policy: str | None = None) -> None:
         self.max_steps = max_steps
@@ -269,7 +274,7 @@ class Environment(ABC):
         request = await self.user.opening(task) if self.user is not None else task.instruction
         opening: list[Observation] = [TextObservation(content=request, source="user")]
         if page is not None:
-            opening.append(page)
+            opening.append(cut_observation(page, self.max_observation_chars))
         self._episode.history.extend(opening)
         return opening
 
@@ -286,6 +291,7 @@ class Environment(ABC):
             result = StepResult(TextObservation(content=reply.text, source="user"), done=reply.stop or USER_STOP in reply.text)
         else:
             result = await self._act(action)
+        result.observation = cut_observation(result.observation, self.max_observation_chars)
         if not result.done and ep.actions >= self.max_steps:
             result.done = True
             result.info["truncated"] = True

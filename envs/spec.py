@@ -6,6 +6,7 @@ Every method that acts in an environment, and `trajforge envs check`, read the s
     env_config: {...}             # the environment's own settings (server, policy, ...)
     tasks: {source: tau2, ...}    # where tasks come from (envs/tasks.py)
     user: {kind: auto}            # who answers the agent's messages (envs/users.py)
+    max_observation_chars: 262144 # longer observations are cut (the record keeps the whole text once)
 
 `EnvFactory` turns them into environments: the world with its user and, for worlds that need a
 model (the LLM-simulated one) or a persona user, the LLM they use. Those LLMs are the method's own
@@ -29,6 +30,7 @@ from envs.base import Environment, Task
 from envs.registry import env_class, make_env
 from envs.tasks import TaskSourceConfig, load_tasks
 from envs.users import PersonaUser, UserConfig
+from schemas.cut import DEFAULT_MAX_OBSERVATION_CHARS
 
 
 class EnvSpec(BaseModel):
@@ -40,9 +42,13 @@ class EnvSpec(BaseModel):
     env_config: dict[str, Any] = Field(default_factory=dict, description="the environment's own settings")
     tasks: TaskSourceConfig = Field(default_factory=TaskSourceConfig, description="where the tasks come from")
     user: UserConfig = Field(default_factory=UserConfig, description="who answers the agent's messages")
+    max_observation_chars: int | None = Field(
+        DEFAULT_MAX_OBSERVATION_CHARS, ge=1, description="observations (tool results, pages, user turns) longer "
+        "than this are cut where they leave the world; the record keeps the whole text once (None: no limit)")
 
     def env_spec(self) -> EnvSpec:
-        return EnvSpec(env=self.env, env_config=self.env_config, tasks=self.tasks, user=self.user)
+        return EnvSpec(env=self.env, env_config=self.env_config, tasks=self.tasks, user=self.user,
+                       max_observation_chars=self.max_observation_chars)
 
     @model_validator(mode="after")
     def _known_env_and_keys(self) -> EnvSpec:
@@ -128,6 +134,7 @@ class EnvFactory:
         if isinstance(self.max_steps, int) and cap is not None and isinstance(cap.default, int):
             config["max_steps"] = max(cap.default, self.max_steps)
         env = make_env(self.spec.env, **config)
+        env.max_observation_chars = self.spec.max_observation_chars
         user = self.spec.user
         if user.kind == "none":
             env.user = None

@@ -9,8 +9,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from flows import args
 from flows.console import beam_errors_reported_once, console, fail
-from pipelines.inputs import DEFAULT_CHUNK_SIZE, InputError
+from pipelines.inputs import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_RECORD_BYTES, InputError
 from schemas.store import DEFAULT_MAX_ROWS, StoreError
 
 # Unknown options go to Beam (`ctx.args`); applied where the command is registered in flows/cli.py.
@@ -40,12 +41,19 @@ def convert(
         typer.Option(help="Worker processes of the local runner; 0: one per CPU core for inputs of "
                      "40,000+ records, else in-process.", min=0),
     ] = 0,
+    max_record_bytes: Annotated[
+        int,
+        typer.Option(help="A JSONL line longer than this many bytes is quarantined with its size, not parsed "
+                     "(parsing takes several times a line's size in memory)."),
+    ] = DEFAULT_MAX_RECORD_BYTES,
 ) -> None:
     """Convert public dataset records to the interlingua with a Beam pipeline (resumable).
 
     Unknown options (e.g. --project=...) are passed to Beam.
     """
     from pipelines.convert import ConvertError, run_convert  # Beam import is slow; only here
+
+    args.at_least(max_record_bytes, 1, "--max-record-bytes", "bytes")
 
     # Started on the first report, so errors found before the pipeline runs print cleanly.
     progress = Progress(
@@ -66,6 +74,7 @@ def convert(
             summary = run_convert(
                 source, inputs, str(output), runner=runner, beam_args=list(ctx.args), chunk_size=chunk_size,
                 max_rows=shard_rows, overwrite=overwrite, on_progress=on_progress, workers=workers,
+                max_record_bytes=max_record_bytes,
             )
     except (ConvertError, InputError, StoreError) as exc:
         fail(str(exc))

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from backends.fake_server import ALL_FAULT_KINDS, FAULT_KINDS, serve_forever
+from flows import args
 from flows.console import fail
 
 
@@ -31,5 +32,12 @@ def fake_server(
              "or an HTTP status 4xx/5xx")
     if not 0.0 <= fault_rate <= 1.0:
         fail(f"--fault-rate must be between 0 and 1, not {fault_rate}")
-    serve_forever(host=host, port=port, latency=latency, capacity=capacity, fault_rate=fault_rate,
-                  faults=kinds, seed=seed, stall_s=stall_s, log_path=log_path)
+    args.port(port)
+    args.at_least(latency, 0, "--latency", "seconds")
+    if capacity is not None:
+        args.at_least(capacity, 1, "--capacity", "concurrent requests")
+    try:
+        serve_forever(host=host, port=port, latency=latency, capacity=capacity, fault_rate=fault_rate,
+                      faults=kinds, seed=seed, stall_s=stall_s, log_path=log_path)
+    except OSError as exc:  # binding: the port is taken, the address is not this machine's or does not resolve
+        fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port or --host")

@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 
+from flows import args
 from flows.console import console, err_console, fail
 from viewer.sources import ViewError, discover
 
-LOOPBACK_NAMES = ["127.0.0.1", "localhost"]
+LOOPBACK_NAMES = ["127.0.0.1", "::1", "localhost"]
 
 
 def view(
@@ -26,6 +27,7 @@ def view(
     # The web stack is imported here, so other commands do not pay for it.
     from viewer.server import bind, create_app, is_loopback, resolve_host, serve
 
+    args.port(port)
     try:
         sources = discover(paths)
         _, address = resolve_host(host, port)
@@ -39,7 +41,7 @@ def view(
         err_console.print(f"[bold yellow]warning:[/] listening on {host}, not loopback: anyone who can reach this "
                           "machine can read these datasets", highlight=False)
     # Behind loopback, only loopback Host headers: a web page elsewhere cannot reach it by DNS rebinding.
-    allowed = sorted({*LOOPBACK_NAMES, host}) if loopback and ":" not in host else None
+    allowed = sorted({*LOOPBACK_NAMES, host}) if loopback else None
     app = create_app(sources, tokenizer=tokenizer, allowed_hosts=allowed)
     console.print(f"trajforge view: {len(sources)} source(s), read-only", highlight=False)
     for source in sources:

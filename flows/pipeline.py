@@ -281,13 +281,22 @@ def mix_stage(cfg: PipelineConfig, sources: dict[str, str], upstream: list[str])
 def export_stage(cfg: PipelineConfig, name: str, src: str, fmt: str, upstream: str,
                  decontamination: dict[str, Any] | None = None) -> dict[str, Any]:
     from converters.export import ExportConfig, export
+    from converters.export.run import NothingToExport
 
     label = f"{name}-{fmt}"
     out = cfg.stage_dir("export", label)
     key = stage_key("export", fmt, upstream, _version())
     if (done := _skip(cfg, "export", label, key, out, dataset=False)) is not None:
         return done
-    report = export(src, out, ExportConfig(format=fmt, overwrite=True, decontamination=decontamination))
+    try:
+        report = export(src, out, ExportConfig(format=fmt, overwrite=True, decontamination=decontamination))
+    except NothingToExport as exc:
+        # No row is no dataset (`datasets` cannot load it): the run writes none, says why and goes on.
+        report = exc.report
+        counts = {"in": report.records_in, "exported": 0, "rows": 0,
+                  **{f"skipped:{k}": v for k, v in report.skipped.items()}}
+        return {"stage": "export", "name": label, "key": key, "output": str(out), "config_hash": None,
+                "counts": counts, "finished": _now(), "reason": f"skipped: {exc}"}
     counts = {"in": report.records_in, "exported": report.records_exported, "rows": report.rows,
               **{f"skipped:{k}": v for k, v in report.skipped.items()}}
     return _finish(cfg, "export", label, key, out, counts, dataset=False)
@@ -442,7 +451,7 @@ def _publish(cfg: PipelineConfig, results: list[dict[str, Any]]) -> None:
     create_markdown_artifact(key="trajforge-pipeline-summary", markdown="\n".join(rows),
                              description=f"trajforge pipeline counts per stage ({cfg.root})")
     for res in results:
-        if res["stage"] == "export":
+        if res["stage"] == "export" and (Path(res["output"]) / "README.md").is_file():  # not an empty one
             create_link_artifact(key=_artifact_key("trajforge-export", res["name"]),
                                  link=Path(res["output"]).as_uri(), link_text=res["output"],
                                  description=f"export {res['name']}")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, _BeamArgumentParser
 
 from schemas.store import TEMP_PREFIX, Dataset, StoreError
 
@@ -37,9 +37,32 @@ class PipelineError(Exception):
     """A fatal problem with a pipeline run (bad config, counts that do not add up, a failed runner)."""
 
 
+def stray_words(beam_args: Sequence[str]) -> list[str]:
+    """The words among a command's extra arguments that are no option's value: Beam would drop them
+    silently (`--input a.json b.json` leaves `b.json` here). Beam's own parser knows which of its
+    options take a value; an option it does not know takes the word after it, as Beam reads it."""
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # what PipelineOptions.get_all_options does
+    _, unknown = parser.parse_known_args(list(beam_args))
+    stray, i = [], 0
+    while i < len(unknown) and unknown[i] != "--":
+        word = unknown[i]
+        if not word.startswith("-"):
+            stray.append(word)
+        elif "=" not in word and i + 1 < len(unknown) and not unknown[i + 1].startswith("-"):
+            i += 1  # an unknown option's value
+        i += 1
+    return stray
+
+
 def check_portable(runner: str | Any, beam_args: Sequence[str], error: type[Exception] = PipelineError) -> None:
-    """Refuse portable-runner settings that cannot work, naming the fix; stages call it before
-    they touch their output. `runner` is a name or class path (a runner object is not checked)."""
+    """Refuse extra arguments and portable-runner settings that cannot work, naming the fix; stages
+    call it before they touch their output. `runner` is a name or class path (a runner object is not
+    checked)."""
+    if stray := stray_words(beam_args):
+        raise error(f"unexpected argument {stray[0]!r}: an option takes one value (repeat it for more, e.g. "
+                    "--input a.json --input b.json)")
     portable = PipelineOptions(list(beam_args)).view_as(PortableOptions)
     env_type = (portable.environment_type or "").upper()
     if isinstance(runner, str) and runner.rsplit(".", 1)[-1] == "PortableRunner" and not portable.job_endpoint:

@@ -53,7 +53,7 @@ from pipelines.convert_work import (
 )
 from pipelines.convert_render import with_renderer
 from pipelines.convert_worker import driver_identity
-from pipelines.inputs import DEFAULT_CHUNK_SIZE, Chunk, InputError, plan_chunks
+from pipelines.inputs import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_RECORD_BYTES, Chunk, InputError, plan_chunks
 from schemas.models import SCHEMA_VERSION
 from schemas.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TEMP_PREFIX, Dataset
 
@@ -117,9 +117,12 @@ def trajforge_version() -> str:
         return "0+unknown"
 
 
-def config_hash(source: str, converter: str, chunk_size: int) -> str:
+def config_hash(source: str, converter: str, chunk_size: int, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> str:
     # Not the inputs: a unit name already encodes its input, and adding inputs to an output is fine.
+    # The record size limit is: a re-run with a larger one must not keep the quarantine of the smaller.
     key = f"convert\0{source}\0{converter}\0{chunk_size}\0{trajforge_version()}\0{SCHEMA_VERSION}"
+    if max_record_bytes != DEFAULT_MAX_RECORD_BYTES:
+        key += f"\0{max_record_bytes}"
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -287,10 +290,12 @@ def run_convert(
     overwrite: bool = False,
     on_progress: Progress | None = None,
     workers: int = 0,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> ConvertSummary:
     """Convert `inputs` with the converter registered as `source` into the dataset at `output`.
 
     `workers`: processes of the local runner (0: one per core for large inputs, see `local_workers`).
+    `max_record_bytes`: a JSONL line longer than this is quarantined with its size, never parsed.
 
     Raises ConvertError (unknown source), pipelines.inputs.InputError (bad input) or
     schemas.store.StoreError (bad output); bad records never raise, they are quarantined.
@@ -304,10 +309,10 @@ def run_convert(
         raise ConvertError("no inputs given")
     local_workers(workers, runner, beam_args, 0)  # a conflicting request fails before the output is touched
     check_portable(runner, beam_args, ConvertError)
-    chunks = plan_chunks(list(inputs), chunk_size, info.episode_key)
+    chunks = plan_chunks(list(inputs), chunk_size, info.episode_key, max_record_bytes)
     converter = f"{info.fn.__module__}.{info.fn.__qualname__}"
-    ds = Dataset.create(output, stage="convert", config_hash=config_hash(source, converter, chunk_size),
-                        overwrite=overwrite)
+    ds = Dataset.create(output, stage="convert", overwrite=overwrite,
+                        config_hash=config_hash(source, converter, chunk_size, max_record_bytes))
     out_path = str(ds.path.resolve())
     # Leftovers of a killed run: temp shards of unfinished units, Beam's temp dirs, and staged
     # chunks that are committed already or were cut short (the others are taken over).

@@ -14,6 +14,10 @@ chunk it starts in, which reads on past its end (`Chunk.ranges`).
 (`file:line` for JSONL, `file#index` for JSON, `file@row` for Parquet and datasets).
 A JSONL line that is not valid JSON is yielded as a `ParseFailure` (it goes to
 quarantine); a missing or unreadable input raises `InputError` (fatal).
+
+A JSONL line longer than `max_record_bytes` is a `ParseFailure` too, with its size and first
+bytes: lines are read with a bounded `readline`, so such a line is never held whole, let alone
+parsed (a 200 MB line parsed into Python objects takes over a GB).
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ import zstandard
 HF_PREFIX = "hf:"
 DEFAULT_CHUNK_SIZE = 5000
 DEFAULT_HF_SPLIT = "train"
+# Longest JSONL line read as a record; agent records are tens of KB, a page-heavy one a few MB.
+DEFAULT_MAX_RECORD_BYTES = 32 << 20
+# What a quarantine record keeps of a line too long to read.
+_OVERSIZED_PREFIX = 4096
 _BLOCK = 1 << 24  # bytes scanned at a time for JSONL line offsets
 _SCAN_THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 _NEWLINE = ord("\n")
@@ -81,6 +89,8 @@ class Chunk:
     # Set when episodes move the chunk's rows: the slices of one or more inputs it reads instead
     # of [start, stop) (each a Chunk without ranges of its own); empty tuple: a chunk of no rows.
     ranges: tuple["Chunk", ...] | None = None
+    # A JSONL line longer than this is quarantined with its size, never read whole.
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     @property
     def unit(self) -> str:
@@ -145,7 +155,8 @@ def resolve(spec: str) -> tuple[str, str]:
 
 
 def plan_chunks(
-    inputs: list[str], chunk_size: int = DEFAULT_CHUNK_SIZE, episode_key: Callable[[Any], Any] | None = None
+    inputs: list[str], chunk_size: int = DEFAULT_CHUNK_SIZE, episode_key: Callable[[Any], Any] | None = None,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> list[Chunk]:
     """Every input's chunks, in input order. Reads each input once, cheaply, to size it.
 
@@ -154,11 +165,14 @@ def plan_chunks(
     """
     if chunk_size < 1:
         raise InputError(f"chunk size must be >= 1, got {chunk_size}")
+    if max_record_bytes < 1:
+        raise InputError(f"the record size limit must be >= 1 byte, got {max_record_bytes}")
     chunks: list[Chunk] = []
     for input_index, spec in enumerate(inputs):
         canonical, kind = resolve(spec)
         try:
-            chunks.extend(_plan_one(canonical, kind, input_index, chunk_size))
+            chunks.extend(dataclasses.replace(c, max_record_bytes=max_record_bytes)
+                          for c in _plan_one(canonical, kind, input_index, chunk_size))
         except InputError:
             raise
         except (OSError, EOFError, ValueError, *_DECODE_ERRORS) as exc:
@@ -215,9 +229,9 @@ class _Stream:
             if whole.kind == "jsonl":
                 with open(whole.input, "rb") as fh:
                     fh.seek(byte)
-                    for number, line in enumerate(fh, row):
+                    for number, line in enumerate(_bounded_lines(fh, whole.max_record_bytes), row):
                         yield _Pos(i, number, byte), _parse_row(whole.input, number, line)
-                        byte += len(line)
+                        byte += line.length if isinstance(line, _Oversized) else len(line)
                 continue
             for start in range(row, whole.stop, _FORWARD_WINDOW):
                 window = dataclasses.replace(whole, start=start, stop=min(start + _FORWARD_WINDOW, whole.stop))
@@ -232,28 +246,32 @@ class _Stream:
             whole = self.inputs[i]
             row, byte = (pos.row, pos.byte) if i == pos.input else (whole.stop, whole.byte_stop)
             if whole.kind == "jsonl":
-                yield from _lines_before(whole.input, byte, row)
+                yield from _lines_before(whole.input, byte, row, whole.max_record_bytes)
                 continue
             for number in range(row - 1, -1, -1):
                 one = read_chunk(dataclasses.replace(whole, start=number, stop=number + 1))
                 yield next(iter(one), (None, None))[1]  # a blank line reads as None
 
 
-def _parse_row(path: str, number: int, line: bytes) -> Any:
-    if not line or line.isspace():
+def _parse_row(path: str, number: int, line: bytes | _Oversized) -> Any:
+    if not isinstance(line, _Oversized) and (not line or line.isspace()):
         return None
     return next(_parse_lines(path, number, [line]))[1]
 
 
-def _lines_before(path: str, offset: int, rows: int) -> Iterator[Any]:
-    """The (at most `rows`) lines of a JSONL file that end before byte `offset`, parsed, nearest first."""
+def _lines_before(path: str, offset: int, rows: int, limit: int) -> Iterator[Any]:
+    """The (at most `rows`) lines of a JSONL file that end before byte `offset`, parsed, nearest first
+    (a line longer than `limit` is not copied out of the map)."""
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         end = offset
         for _ in range(rows):
             if end <= 0:
                 return
             start = mm.rfind(b"\n", 0, end - 1) + 1
-            yield _parse_row(path, 0, mm[start:end])
+            size = end - start - (mm[end - 1] == _NEWLINE)
+            line = mm[start:end] if size <= limit else _Oversized(mm[start:start + _OVERSIZED_PREFIX], size, limit,
+                                                                   end - start)
+            yield _parse_row(path, 0, line)
             end = start
 
 
@@ -396,7 +414,7 @@ class _BlockScanner:
 def _count_records(spec: str, kind: str) -> int:
     if kind.startswith("jsonl-"):
         with _open_compressed(spec, kind) as fh:
-            return sum(1 for _ in fh)
+            return _count_lines(fh)
     if kind == "json":
         return len(_load_json(spec, os.path.getmtime(spec)))
     if kind == "parquet":
@@ -417,6 +435,42 @@ def _count_records(spec: str, kind: str) -> int:
 _READ_BUFFER = 1 << 20
 
 
+def _count_lines(fh: IO[bytes]) -> int:
+    """Lines of a stream (a last one without a newline counts), read in blocks: no line is held whole."""
+    lines, last = 0, b"\n"
+    while block := fh.read(_READ_BUFFER):
+        lines += block.count(b"\n")
+        last = block[-1:]
+    return lines + (last != b"\n")
+
+
+@dataclass(frozen=True)
+class _Oversized:
+    """A line longer than the record size limit `limit`: its first bytes, its size (newline excluded)
+    and the bytes it takes in the file (newline included)."""
+
+    prefix: bytes
+    size: int
+    limit: int
+    length: int
+
+
+def _bounded_lines(fh: IO[bytes], limit: int) -> Iterator[bytes | _Oversized]:
+    """The lines of a binary stream from where it stands; a line longer than `limit` bytes comes as
+    `_Oversized`, read past in bounded pieces."""
+    while line := fh.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        prefix, length = line[:_OVERSIZED_PREFIX], len(line)
+        del line
+        ended = False
+        while not ended and (piece := fh.readline(_READ_BUFFER)):
+            length += len(piece)
+            ended = piece.endswith(b"\n")
+        yield _Oversized(prefix, length - ended, limit, length)
+
+
 def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
     """(location, raw record) for each record of the chunk; a bad JSONL line yields a ParseFailure."""
     if chunk.ranges is not None:
@@ -429,7 +483,7 @@ def read_chunk(chunk: Chunk) -> Iterator[tuple[str, Any]]:
             yield from _read_jsonl_range(chunk)
         elif kind.startswith("jsonl-"):
             with _open_compressed(chunk.input, kind) as fh:
-                lines = itertools.islice(fh, chunk.start, chunk.stop)
+                lines = itertools.islice(_bounded_lines(fh, chunk.max_record_bytes), chunk.start, chunk.stop)
                 yield from _parse_lines(chunk.input, chunk.start, lines)
         elif kind == "json":
             records = _load_json(chunk.input, os.path.getmtime(chunk.input))
@@ -454,18 +508,29 @@ def _read_jsonl_range(chunk: Chunk) -> Iterator[tuple[str, Any]]:
     # pieces and joins them (measured: 16 us per 25 KB line at 8 KiB, 4 us at 1 MiB).
     with open(chunk.input, "rb", buffering=_READ_BUFFER) as fh:
         fh.seek(chunk.byte_start)
-        yield from _parse_lines(chunk.input, chunk.start, itertools.islice(fh, chunk.stop - chunk.start))
+        lines = itertools.islice(_bounded_lines(fh, chunk.max_record_bytes), chunk.stop - chunk.start)
+        yield from _parse_lines(chunk.input, chunk.start, lines)
 
 
 def _parse_lines(path: str, first: int, lines: Any) -> Iterator[tuple[str, Any]]:
     loads = orjson.loads
     for number, line in enumerate(lines, first + 1):
+        if isinstance(line, _Oversized):
+            yield f"{path}:{number}", _too_large(line)
+            continue
         if not line or line.isspace():
             continue  # blank lines are not records (`isspace` stops at the first other byte; strip would copy)
         try:
             yield f"{path}:{number}", loads(line)
         except orjson.JSONDecodeError as exc:
             yield f"{path}:{number}", _parse_failure(line, exc)
+
+
+def _too_large(line: _Oversized) -> ParseFailure:
+    text = line.prefix.decode("utf-8", errors="replace")
+    return ParseFailure(text=f"{text}...[{line.size - len(line.prefix):,} more bytes not kept]",
+                        error=f"record too large: {line.size:,} bytes (the limit is {line.limit:,}; "
+                              "--max-record-bytes raises it)", error_class="RecordTooLarge")
 
 
 def _parse_failure(line: bytes, exc: Exception) -> ParseFailure:

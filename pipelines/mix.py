@@ -24,15 +24,15 @@ then shard order, then row order) is dropped before sampling, and the summary co
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import duckdb
 
-from schemas.store import Dataset, check_apart
+from schemas.store import Dataset, check_apart, duckdb_files
 
 HASH_SCALE = float(2**53)
 # A row's position across all inputs: file order * ROW_SPAN + row number within the file.
@@ -74,15 +74,11 @@ def source_probabilities(sizes: dict[str, int], weights: dict[str, float], tempe
     return {s: m / total for s, m in mass.items()}
 
 
-def _files_sql(files: Sequence[Path | str]) -> str:
-    return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
-
-
 def _rows_sql(files: Sequence[str]) -> str:
-    """The rows of `files`, with the file and row number that place each one in input order."""
+    """The rows of `files` (absolute paths), with the file and row number that place each one in input order."""
     # union_by_name: shards written before a step field existed read it as null (else the first file's
     # columns win and later files lose the field).
-    return f"read_parquet({_files_sql(files)}, filename=true, file_row_number=true, union_by_name=true)"
+    return f"read_parquet({duckdb_files(files)}, filename=true, file_row_number=true, union_by_name=true)"
 
 
 # Rows (`t`) that are the first occurrence of their id (tables `files` and `firsts`).
@@ -106,10 +102,13 @@ def run_mix(
         raise MixError("no inputs given")
     if any(w < 0 for w in weights.values()):
         raise MixError("weights must be >= 0")
+    if total is not None and total < 1:
+        raise MixError(f"total must be at least 1 record, not {total}")
     datasets = [Dataset.open(p) for p in inputs]
     check_apart(output, inputs)
     files = {str(ds.path.resolve()): ds.checked_shard_files("trajectories") for ds in datasets}
-    ordered = [str(f) for _, fs in sorted(files.items()) for f in fs]
+    # Absolute: DuckDB's `filename` column names each file so, and the `files` table must match it.
+    ordered = [os.path.abspath(f) for _, fs in sorted(files.items()) for f in fs]
     if not ordered:
         raise MixError("the inputs hold no trajectories")
     con = duckdb.connect()
@@ -142,7 +141,7 @@ def run_mix(
             continue
         query = (
             f"SELECT t.* EXCLUDE (filename, file_row_number) "
-            f"{_FIRSTS_ONLY.format(rows=_rows_sql([str(f) for f in shard_files]))} "
+            f"{_FIRSTS_ONLY.format(rows=_rows_sql([os.path.abspath(f) for f in shard_files]))} "
             f"JOIN rates r ON r.source = t.source "
             f"WHERE (md5_number_lower('{int(seed)}:' || t.id) >> 11)::DOUBLE / {HASH_SCALE} < r.rate"
         )

@@ -11,7 +11,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from schemas.cut import FULL_OBSERVATIONS, full_texts
 
 # 1.1: converted records' ids hash with xxh3-128 (1.0: sha256), and provenance names the version.
 SCHEMA_VERSION = "1.1"
@@ -129,6 +131,8 @@ class TextObservation(_Step):
     content: str
     source: Origin
     name: str | None = None
+    # The whole texts of fields an environment cut (schemas/cut.py), in memory only: never serialized.
+    _full_texts: dict[str, str] | None = PrivateAttr(default=None)
 
 
 class JsonObservation(_Step):
@@ -156,6 +160,8 @@ class WebObservation(_Step):
     axtree: str | None = None
     screenshot: ImageRef | None = None
     viewport: tuple[int, int] | None = None
+    # The whole texts of fields an environment cut (schemas/cut.py), in memory only: never serialized.
+    _full_texts: dict[str, str] | None = PrivateAttr(default=None)
 
 
 Action = Union[ApiAction, CodeAction, MessageAction]
@@ -211,6 +217,14 @@ class Trajectory(_Model):
     success: bool | None = None
     provenance: Provenance = Field(default_factory=Provenance)
     details: dict[str, Any] = Field(default_factory=dict)
+
+    # Observations an environment cut (schemas/cut.py) bring their whole texts along: the trajectory
+    # keeps each once, in `details["full_observations"]` (sha256 -> text), whoever builds it.
+    @model_validator(mode="after")
+    def _keep_whole_observations(self) -> "Trajectory":
+        if whole := full_texts(self.steps):
+            self.details = {**self.details, FULL_OBSERVATIONS: {**self.details.get(FULL_OBSERVATIONS, {}), **whole}}
+        return self
 
 
 class Pair(_Model):

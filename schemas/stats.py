@@ -6,13 +6,9 @@ from typing import Any
 
 import duckdb
 
-from schemas.store import Dataset
+from schemas.store import Dataset, duckdb_files
 
 HISTOGRAM_BINS = 20
-
-
-def _files_sql(files: list) -> str:
-    return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
@@ -80,7 +76,7 @@ def dataset_stats(ds: Dataset) -> dict[str, Any]:
         "filter_reasons": [],
     }
     if trajectories:
-        con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet({_files_sql(trajectories)})")
+        con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet({duckdb_files(trajectories)})")
         result["sources"] = _rows(con, "SELECT source, count(*) AS records FROM t GROUP BY 1 ORDER BY 2 DESC, 1")
         result["methods"] = _rows(
             con, "SELECT coalesce(provenance.method, '-') AS method, count(*) AS records FROM t GROUP BY 1 ORDER BY 2 DESC, 1"
@@ -115,12 +111,12 @@ def dataset_stats(ds: Dataset) -> dict[str, Any]:
         result["quarantine_reasons"] = _rows(
             con,
             f"""SELECT stage, regexp_extract(error, '^[^:(]*') AS error, count(*) AS records
-                FROM read_parquet({_files_sql(quarantine)}) GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2""",
+                FROM read_parquet({duckdb_files(quarantine)}) GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2""",
         )
     if filtered:
         result["filter_reasons"] = _rows(
             con,
-            f"""SELECT filter, reason, count(*) AS records FROM read_parquet({_files_sql(filtered)})
+            f"""SELECT filter, reason, count(*) AS records FROM read_parquet({duckdb_files(filtered)})
                 GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2""",
         )
     return result

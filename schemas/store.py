@@ -72,9 +72,13 @@ def _new_manifest(config_hash: str | None, stage: str | None) -> dict[str, Any]:
     }
 
 
+# Characters DuckDB (and shells) read as a pattern: a shard path holding one could match other files.
+GLOB_CHARS = frozenset("*?[]{}")
+
+
 def _shard_path_problem(file: str) -> str | None:
-    """Why a manifest's shard path could name a file outside its dataset directory (None if it cannot):
-    it must be TABLE/NAME, relative, without '..'."""
+    """Why a manifest's shard path could name a file other than one shard of its dataset (None if it
+    cannot): it must be TABLE/NAME, relative, without '..', NAME a plain file name (no pattern)."""
     parts = PurePosixPath(file).parts
     if file.startswith("/") or "\\" in file or "\x00" in file:
         return "is not a relative path"
@@ -82,7 +86,20 @@ def _shard_path_problem(file: str) -> str | None:
         return "climbs out of the dataset with '..'"
     if len(parts) != 2 or parts[0] not in TABLES:
         return f"is not of the form TABLE/NAME (tables: {', '.join(TABLES)})"
+    if GLOB_CHARS & set(file) or not file.isprintable():
+        return "is not a plain file name (it holds a pattern or control character)"
     return None
+
+
+def duckdb_files(files: Iterable[str | os.PathLike[str]]) -> str:
+    """A DuckDB list literal naming exactly `files` (absolute, links not followed): DuckDB expands the
+    glob characters * ? [ in any path it reads, also in a directory's name (a dataset under `runs[1]`
+    would read `runs1`), so each is escaped as a one-character class."""
+    def escaped(file: str | os.PathLike[str]) -> str:
+        path = os.path.abspath(file)
+        return "".join(f"[{c}]" if c in "*?[" else c for c in path).replace("'", "''")
+
+    return "[" + ", ".join(f"'{escaped(f)}'" for f in files) + "]"
 
 
 def _resolve(path: Path) -> Path:
@@ -236,7 +253,7 @@ class Dataset:
                 for entry in entries:
                     if (problem := _shard_path_problem(entry["file"])) is not None:
                         raise StoreError(f"{self.manifest_path}: unit {name!r} lists the shard {entry['file']!r}, "
-                                         f"which {problem}; shards must lie inside the dataset directory")
+                                         f"which {problem}; shards must be plain files inside the dataset directory")
         return manifest
 
     def _write_manifest(self, manifest: dict[str, Any]) -> None:

@@ -18,6 +18,10 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# rich fixes a console's width for good when COLUMNS is set as the console is made: made now, without
+# it, the CLI's consoles follow the COLUMNS each test gives (whichever test imports them first).
+os.environ.pop("COLUMNS", None)
+import flows.console  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -21,15 +21,11 @@ from typing import Any, Callable
 
 import duckdb
 
-from schemas.store import StoreError
+from schemas.store import StoreError, duckdb_files
 from viewer.sources import Source, ViewError, first_line
 
 PAGE_LIMIT = 200
 DEFAULT_MEMORY_LIMIT = "2GB"
-
-
-def _sql_list(paths: list[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
 
 
 # ---- what a list request may ask ----------------------------------------------------------------
@@ -258,9 +254,9 @@ class Store:
             return None
         if table == "rows" and files[0].suffix == ".jsonl":
             # OpenAI lines: assistant messages carry keys others lack; keep each column as JSON text.
-            return (f"read_json({_sql_list(files)}, format = 'newline_delimited', "
+            return (f"read_json({duckdb_files(files)}, format = 'newline_delimited', "
                     "columns = {'messages': 'JSON', 'tools': 'JSON'})")
-        return f"read_parquet({_sql_list(files)}, union_by_name=true)"  # older shards lack newer step fields
+        return f"read_parquet({duckdb_files(files)}, union_by_name=true)"  # older shards lack newer step fields
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         cursor = self.cursor()

@@ -31,10 +31,10 @@ from typing import Any, AsyncIterator, Callable
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.staticfiles import StaticFiles
 
 from viewer.api import NotFound, Viewer
@@ -72,13 +72,49 @@ def media(viewer: Viewer, request: Request) -> Response:
     except ViewError as exc:
         return JSONResponse({"error": str(exc)}, status_code=404)
     root = source.path.resolve()
-    target = (root / request.path_params["path"]).resolve()
+    try:
+        target = (root / request.path_params["path"]).resolve()
+    except (ValueError, OSError, RuntimeError):  # a null byte, a name too long, a symlink loop
+        return JSONResponse({"error": "not a valid file path"}, status_code=400)
     kind = IMAGE_TYPES.get(target.suffix.lower())
     if not target.is_relative_to(root) or kind is None:
         return JSONResponse({"error": "only images inside the dataset directory are served"}, status_code=403)
     if not target.is_file():
         return JSONResponse({"error": f"no image {request.path_params['path']} in {source.path}"}, status_code=404)
     return FileResponse(target, media_type=kind)
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header without its port, normalised: `[::1]:8765` and `[0:0::1]` -> `::1`,
+    `LocalHost:80` -> `localhost`."""
+    header = header.strip().lower()
+    if header.startswith("["):  # an IPv6 literal: [address] or [address]:port
+        end = header.find("]")
+        name = header[1:end] if end > 0 else header
+    else:
+        name = header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name.rstrip(".")
+
+
+class HostCheck:
+    """Answers 400 to a request whose Host header names none of `allowed` (IPv4, IPv6 literals and
+    names alike): a page elsewhere that rebinds its DNS name to loopback still sends its own name."""
+
+    def __init__(self, app: ASGIApp, allowed: list[str]) -> None:
+        self.app = app
+        self.allowed = {host_name(h) for h in allowed}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            header = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
+            if host_name(header) not in self.allowed:
+                response = JSONResponse({"error": f"Host {header!r} is not served here"}, status_code=400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(sources: list[Source], *, tokenizer: Path | None = None, allowed_hosts: list[str] | None = None) -> Starlette:
@@ -107,7 +143,7 @@ def create_app(sources: list[Source], *, tokenizer: Path | None = None, allowed_
         Route("/api/{i}/preview", api(lambda r: viewer.preview(_index(r), r.query_params.get("format", ""), q(r)))),
         Route("/media/{i}/{path:path}", lambda r: media(viewer, r)),
     ]
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    middleware = [Middleware(HostCheck, allowed=allowed_hosts)] if allowed_hosts else []
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

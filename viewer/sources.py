@@ -51,8 +51,14 @@ class Source:
             raise ViewError(str(exc)) from None
 
     def export_files(self) -> list[Path]:
+        """The export's shard files; one that links outside the export directory is refused."""
         data = self.path / "data"
-        return sorted(f for pattern in EXPORT_PATTERNS for f in data.glob(pattern))
+        files = sorted(f for pattern in EXPORT_PATTERNS for f in data.glob(pattern))
+        root = self.path.resolve()
+        for file in files:
+            if root not in file.resolve().parents:
+                raise ViewError(f"{file}: links to {file.resolve()}, outside the export directory")
+        return files
 
 
 def _export_format(path: Path) -> str | None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from converters.export.run import ExportConfig, ExportReport
 
 CARD_DATA = "card.json"
+README = "README.md"
 PLOTS_DIR = "plots"
 TOKEN_BINS = 20
 
@@ -135,8 +136,6 @@ def draw_plots(out: Path, data: dict[str, Any]) -> list[tuple[str, str]]:
     """Write the card's PNGs under `out/plots`; returns (title, relative path) of those drawn."""
     d = data["distributions"]
     folder = out / PLOTS_DIR
-    for old in folder.glob("*.png"):  # a plot with nothing to show this time must not linger
-        old.unlink()
     specs = [
         ("Steps per exported trajectory", "steps.png",
          lambda p: plots.value_chart(d.get("steps", {}), p, "Steps per exported trajectory", "steps", "trajectories")),
@@ -158,6 +157,8 @@ def draw_plots(out: Path, data: dict[str, Any]) -> list[tuple[str, str]]:
          lambda p: plots.bar_chart(d.get("filter_reasons", {}), p, "Records dropped upstream", "filter: reason",
                                    "records", horizontal=True)),
     ]
+    for _, name, _ in specs:  # a plot with nothing to show this time must not linger (only ours: no glob)
+        (folder / name).unlink(missing_ok=True)
     return [(title, f"{PLOTS_DIR}/{name}") for title, name, draw in specs if draw(folder / name)]
 
 
@@ -297,17 +298,23 @@ def _length_heading(fmt: str) -> list[str]:
 
 
 def render_all(out: Path, data: dict[str, Any]) -> Path:
-    path = out / "README.md"
+    path = out / README
     path.write_text(render_card(data, draw_plots(out, data)))
     return path
 
 
 def write_card(out: Path, fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files: list[Path],
-               source: Path | None = None) -> Path:
-    """card.json, plots/*.png and README.md for a finished export; `source` is the exported dataset."""
+               source: Path | None = None, extra_files: list[str] | None = None) -> Path:
+    """card.json, plots/*.png and README.md for a finished export; `source` is the exported dataset.
+    card.json lists every file the export wrote (shards, `extra_files`, the card): `--overwrite` removes
+    those and nothing else."""
     data = card_data(fmt, cfg, report, files, source)
+    drawn = draw_plots(out, data)
+    data["files"] = sorted({*(f.relative_to(out).as_posix() for f in files), *(extra_files or []),
+                            *(path for _, path in drawn), CARD_DATA, README})
     (out / CARD_DATA).write_text(json.dumps(data, indent=1, default=str) + "\n")
-    return render_all(out, data)
+    (out / README).write_text(render_card(data, drawn))
+    return out / README
 
 
 def regenerate_card(out: str | Path) -> Path:

@@ -6,7 +6,8 @@ The dataset card shows this section; `docs/export.md` gives the same settings. C
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 TRL_TEMPLATES = (
     "It needs a chat template with `{% generation %}` markers. TRL 1.16 swaps in its bundled training template "
@@ -25,7 +26,20 @@ def kto_weights(labels: dict[str, int]) -> tuple[float, float]:
     good, bad = labels.get("desirable", 0), labels.get("undesirable", 0)
     if not good or not bad:
         return 1.0, 1.0
-    return (round(bad / good, 2), 1.0) if bad > good else (1.0, round(good / bad, 2))
+    # Two decimals, rounded towards the balanced side: rounded to nearest, the ratio could land just
+    # below 1 (0.9984), outside what TRL asks for.
+    if bad > good:
+        return _two_decimals(bad / good, +1, lambda w: w * good / bad >= 1), 1.0
+    return 1.0, _two_decimals(good / bad, -1, lambda w: good / (w * bad) >= 1)
+
+
+def _two_decimals(exact: float, step: int, ok: Callable[[float], bool]) -> float:
+    """The two-decimal weight nearest `exact` in the direction of `step` for which `ok` holds (TRL's own
+    float arithmetic decides)."""
+    weight = (math.ceil if step > 0 else math.floor)(round(exact * 100, 6)) / 100
+    while not ok(weight):
+        weight = round(weight + step / 100, 2)
+    return weight
 
 
 def _code(lines: list[str]) -> list[str]:

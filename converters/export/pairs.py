@@ -19,13 +19,10 @@ import duckdb
 import pyarrow as pa
 
 from schemas.arrow import TRAJECTORY_SCHEMA
+from schemas.store import duckdb_files
 
 DEFAULT_MEMORY_LIMIT = "1GB"
 _BATCH_ROWS = 256
-
-
-def _files(paths: list[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
 
 
 def iter_joined_pairs(
@@ -41,13 +38,13 @@ def iter_joined_pairs(
             con.execute(f"SET temp_directory = '{spill}'")
             if trajectory_files:
                 # union_by_name: older shards (no step `usage`) and newer ones read as one table.
-                trajectories = f"read_parquet({_files(trajectory_files)}, union_by_name=true)"
+                trajectories = f"read_parquet({duckdb_files(trajectory_files)}, union_by_name=true)"
             else:  # no trajectories at all: every pair is missing both sides
                 con.register("no_trajectories", TRAJECTORY_SCHEMA.empty_table())
                 trajectories = "no_trajectories"
             query = f"""
                 SELECT p AS pair, c AS chosen, r AS rejected
-                FROM read_parquet({_files(pair_files)}) p
+                FROM read_parquet({duckdb_files(pair_files)}) p
                 LEFT JOIN {trajectories} c ON c.id = p.chosen_id
                 LEFT JOIN {trajectories} r ON r.id = p.rejected_id
                 ORDER BY p.id

@@ -9,6 +9,7 @@ or skipped with a reason (`records_in == records_exported + sum(skipped)`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from converters.export import pairs as pair_join
-from converters.export.card import write_card
+from converters.export.card import CARD_DATA, write_card
 from converters.export.formats import CONVERSATION_COLUMNS, FORMATS, Format, rows_to_batch
 from converters.export.lengths import TokenStats, approx_tokens, dict_chars, message_chars, sum_lists
 from converters.export.mix import copies
@@ -43,11 +44,21 @@ DUPLICATE = "duplicate of an earlier row"
 MASKED_IN_MESSAGES = "train=false assistant steps (--sft-layout messages would train them)"
 # Notes the summary and the card show next to the counts.
 TRUNCATED = "rows truncated by --max-length"
+QUARANTINED = "quarantined in the source, not exported"
+SHAREGPT_INFO = "dataset_info.json"
 DROPPED_TURNS = "messages dropped by --max-length"
 
 
 class ExportError(Exception):
     """Bad input or options; the message is a one-line explanation."""
+
+
+class NothingToExport(ExportError):
+    """No input record gives a row: an export of no row is no dataset (`datasets` cannot load it)."""
+
+    def __init__(self, message: str, report: "ExportReport") -> None:
+        super().__init__(message)
+        self.report = report
 
 
 @dataclass
@@ -144,17 +155,46 @@ def _prepare_output(out: Path, src: Path, overwrite: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ExportError(f"{out}: exists and is not empty (use --overwrite to replace an earlier export)")
-        # Only what an export writes is removed; anything else the user put there stays.
-        for old in [*(out / "data").glob("train-*"), *(out / "data").glob(f"{TEMP_PREFIX}*"), out / "README.md",
-                    out / "dataset_info.json"]:
-            if old.is_file():
-                old.unlink()
+        _remove_earlier_export(out)
     out.mkdir(parents=True, exist_ok=True)
+
+
+def _remove_earlier_export(out: Path) -> None:
+    """For --overwrite: the files an earlier export lists in its card.json as its own, and the temp shards
+    of a killed one; nothing else. A directory no export wrote is refused: it may be anyone's."""
+    data = out / "data"
+    temps = [f for f in data.glob(f"{TEMP_PREFIX}*") if f.is_file()] if data.is_dir() and not data.is_symlink() else []
+    try:
+        listed = json.loads((out / CARD_DATA).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
+        only_temps = {p.name for p in out.iterdir()} == {"data"} and all(
+            p.name.startswith(TEMP_PREFIX) for p in data.iterdir()) if data.is_dir() else False
+        if not only_temps:
+            raise ExportError(f"{out}: not an export trajforge wrote (no {CARD_DATA} listing its files); refusing to "
+                              "overwrite it: choose a new or empty directory")
+        listed = []
+    root = out.resolve()
+    for name in listed:
+        file = out / name
+        # Whatever the card says: only a plain file inside the export directory.
+        if (Path(name).is_absolute() or ".." in Path(name).parts or file.is_symlink() or not file.is_file()
+                or root not in file.resolve().parents):
+            continue
+        file.unlink()
+    for file in temps:
+        file.unlink()
 
 
 def _check_choice(value: str, choices: tuple[str, ...], what: str) -> None:
     if value not in choices:
         raise ExportError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+
+
+def _is_local_path(spec: str) -> bool:
+    """Whether a --tokenizer value can only mean a local path (a hub name is NAME or OWNER/NAME)."""
+    return spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec
 
 
 def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
@@ -163,12 +203,19 @@ def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
     _check_choice(cfg.kto_mode, KTO_MODES, "KTO mode")
     _check_choice(cfg.dpo_level, DPO_LEVELS, "DPO level")
     _check_choice(cfg.history, HISTORIES, "history")
+    if cfg.web_max_chars < 0:
+        raise ExportError(f"--web-max-chars must be >= 0 (0: pages are not cut), got {cfg.web_max_chars}")
     if fmt.name != "tokenized" and (cfg.tokenizer is not None or cfg.max_length is not None):
         raise ExportError("--tokenizer and --max-length apply to --format tokenized only")
     tokenizer = None
     if fmt.name == "tokenized":
         if not cfg.tokenizer:
             raise ExportError("--format tokenized needs --tokenizer PATH (a tokenizer directory with a chat template)")
+        if _is_local_path(cfg.tokenizer) and not Path(cfg.tokenizer).expanduser().exists():
+            raise ExportError(f"--tokenizer {cfg.tokenizer}: no such directory (give a tokenizer directory with a "
+                              "chat template)")
+        if cfg.max_length is not None and cfg.max_length < 1:
+            raise ExportError(f"--max-length must be >= 1 token, got {cfg.max_length}")
         try:
             tokenizer = ChatTokenizer.load(cfg.tokenizer, cfg.max_length)
         except TokenizerError as exc:
@@ -457,6 +504,7 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
         raise ExportError(f"--shard-rows must be >= 1, got {cfg.shard_rows}")
     opts = resolve_options(fmt, cfg)
     ds = Dataset.open(src)
+    created = not out.exists()
     _prepare_output(out, src, cfg.overwrite)
     report = ExportReport(format=fmt.name, output=out, reasoning=opts.render.reasoning, include_failed=cfg.include_failed,
                           sft_layout=opts.sft_layout if fmt.name == "trl-sft" else None,
@@ -467,6 +515,8 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
                             "max_length": opts.tokenizer.max_length}
     if total is not None:
         total(ds.count(fmt.table))
+    if quarantined := ds.count("quarantine"):
+        report.notes[QUARANTINED] = quarantined
     schema = fmt.schema(opts) if fmt.schema is not None else None
     writer = ShardWriter(out / "data", fmt.file_type, schema, cfg.shard_rows)
     seen: set[int] | None = set() if fmt.table == "pairs" else None
@@ -499,14 +549,35 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
                 _check_templates(report, fmt, opts, table)
             if progress is not None:
                 progress(len(inputs.ids))
+        if not report.rows:  # an empty export would not load (`datasets` finds no data) nor train
+            raise NothingToExport(_nothing_to_export(report, fmt, ds), report)
         report.files = writer.close()
     except TokenizerError as exc:  # the chat template cannot give exact masks: for any record
         writer.abort()
         raise ExportError(f"{cfg.tokenizer}: {exc}") from None
     except BaseException:
         writer.abort()
+        if created:  # leave no empty directory behind
+            for folder in (out / "data", out):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
         raise
+    extra = []
     if fmt.name == "sharegpt":
-        (out / "dataset_info.json").write_text(json.dumps(DATASET_INFO, indent=2) + "\n")
-    write_card(out, fmt, cfg, report, report.files, source=src)
+        (out / SHAREGPT_INFO).write_text(json.dumps(DATASET_INFO, indent=2) + "\n")
+        extra.append(SHAREGPT_INFO)
+    write_card(out, fmt, cfg, report, report.files, source=src, extra_files=extra)
     return report
+
+
+def _nothing_to_export(report: ExportReport, fmt: Format, ds: Dataset) -> str:
+    """Why an export has no row, in one line: what the input holds, why each record gave none."""
+    quarantined = report.notes.get(QUARANTINED, 0)
+    held = f"; its {quarantined} quarantined records are never exported (`trajforge view {ds.path}` shows why)" \
+        if quarantined else ""
+    if not report.records_in:
+        return f"nothing to export: {ds.path} holds no {fmt.table}{held}"
+    why = ", ".join(f"{n} {reason}" for reason, n in report.skipped.most_common(3))
+    more = f" and {len(report.skipped) - 3} more reasons" if len(report.skipped) > 3 else ""
+    return (f"nothing to export: none of the {report.records_in} {fmt.table} of {ds.path} gives a {fmt.name} row "
+            f"({why}{more}){held}")

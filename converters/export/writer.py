@@ -6,8 +6,8 @@ groups hold at most `row_group_rows` rows. Encoding and compressing Parquet runs
 thread (Arrow releases the GIL there) while the driver renders the next batch; at most
 `QUEUE_BATCHES` batches wait for it. The total shard count is unknown until the end, so
 shards are written under hidden temp names and renamed `train-<k>-of-<n>` on `close()`; an
-export that fails midway leaves no visible partial shard. An empty export still writes one
-empty shard so the directory loads.
+export that fails midway leaves no visible partial shard. (The driver refuses an export with no
+row: `datasets` cannot load a directory of empty shards.)
 """
 
 from __future__ import annotations
@@ -133,8 +133,6 @@ class ShardWriter:
         """Finish the last shard and give every shard its final name; returns the final paths."""
         self._join()
         self._raise()
-        if not self._temps:
-            self._open_shard()  # an empty export is still a loadable dataset
         self._close_shard()
         n = len(self._temps)
         final = []

@@ -23,7 +23,8 @@ def test_retryable_fault_is_retried_once(fake_server, client, kind, transport):
     srv = fake_server(rules=[Rule(answer=Fault(kind, retry_after=0.0), times=1)], stall_s=2.0, retry_after=0.0)
 
     async def run():
-        async with client(srv, request_timeout_s=0.3, transport=transport) as llm:
+        # The timeout ends a stalled answer (stall_s 2.0) but must not end a sound one on a loaded machine.
+        async with client(srv, request_timeout_s=1.0, transport=transport) as llm:
             out = await llm.chat(user("hello"))
             return out, llm.stats
 

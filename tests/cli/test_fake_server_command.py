@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 
@@ -32,3 +33,25 @@ def test_fake_server_command_answers_chat_completions(tmp_path):
         proc.kill()
         proc.wait()
     assert "ping" in log.read_text()
+
+
+def test_bad_ports_and_a_port_in_use_are_one_line():
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    def one_line(*args: str) -> str:
+        result = CliRunner().invoke(app, ["fake-server", *args])
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        (line,) = result.output.strip().splitlines()
+        return line
+
+    assert one_line("--port", "-1") == "error: --port -1: a port is a number from 0 to 65535 (0: any free port)"
+    assert "--port 70000: a port is a number from 0 to 65535" in one_line("--port", "70000")  # not 70000 % 65536
+    assert "--latency -1.0: must be at least 0" in one_line("--latency", "-1")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line("--port", str(port))
+    assert line.startswith(f"error: cannot listen on 127.0.0.1:{port} (") and "choose another --port" in line

@@ -66,3 +66,11 @@ def test_mix_cli_weights_and_errors(sources, tmp_path):
     assert counts["source:small"] == 1000 and abs(counts["source:big"] - 2000) < 150
     with pytest.raises(MixError, match="unknown sources"):
         run_mix([str(sources / "a")], str(tmp_path / "x"), weights={"nope": 1.0})
+
+
+@pytest.mark.parametrize("total", ["-5", "0"])
+def test_mix_cli_refuses_a_total_below_one_record(sources, tmp_path, total):
+    """`--total -5` used to exit 0 with an empty output."""
+    result = CliRunner().invoke(app, ["mix", str(sources / "b"), "--total", total, "--output", str(tmp_path / "m")])
+    assert result.exit_code == 1 and result.output.strip() == f"error: total must be at least 1 record, not {total}"
+    assert not (tmp_path / "m").exists()

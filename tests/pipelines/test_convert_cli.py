@@ -95,3 +95,21 @@ def test_unknown_source_lists_the_known_ones(tmp_path, adp_files):
     assert result.exit_code != 0
     assert "no converter named 'no-such'" in result.output and "adp" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_second_value_after_input_is_one_error_line_not_ignored(tmp_path, adp_files):
+    """`--input a.json b.json` used to convert a.json alone (b.json went to Beam, which dropped it)."""
+    a, b = str(adp_files[0]), str(adp_files[1])
+    out = tmp_path / "o"
+    for extra in ([], ["--project", "p"], ["--streaming"]):
+        result = runner.invoke(app, ["convert", "--source", "adp", "--input", a, b, "-o", str(out), *extra],
+                               env={"COLUMNS": "1000"})
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert result.output.strip() == (f"error: unexpected argument {b!r}: an option takes one value (repeat it "
+                                         "for more, e.g. --input a.json --input b.json)")
+        assert not out.exists()
+    result = runner.invoke(app, ["convert", "--source", "adp", "--input", a, "--input", b, "-o", str(out)],
+                           env={"COLUMNS": "1000"})
+    assert result.exit_code == 0, result.output
+    expected = len(orjson.loads(adp_files[0].read_bytes())) + len(orjson.loads(adp_files[1].read_bytes()))
+    assert Dataset.open(out).count() + Dataset.open(out).count("quarantine") == expected

@@ -161,6 +161,62 @@ def test_shard_paths_outside_the_dataset_are_refused_by_every_reader(how, tmp_pa
         assert not out.exists() or not list(out.rglob("*.parquet")), f"{reader} wrote rows"
 
 
+@pytest.fixture
+def no_serving(monkeypatch):
+    """`trajforge view` runs up to serving; the app it would serve is kept, nothing listens."""
+    from viewer import server
+
+    seen: dict[str, Any] = {}
+
+    def record(app_: Any, sock: Any) -> None:
+        seen["app"] = app_
+        sock.close()
+
+    monkeypatch.setattr(server, "serve", record)
+    return seen
+
+
+@pytest.mark.parametrize("pattern", ["s*.parquet", "s?.parquet", "s[12].parquet", "{s1,s2}.parquet"])
+def test_a_shard_path_holding_a_pattern_is_refused_by_every_reader(pattern, tmp_path, filters_yaml, no_serving):
+    """DuckDB expands glob characters: `trajectories/s*.parquet` next to a link out would read another
+    dataset's rows. A manifest naming a shard by pattern is refused (the file exists under that name)."""
+    outside = tmp_path / "outside"
+    make_dataset(outside, records(3))
+    dataset = tmp_path / "ds"
+    make_dataset(dataset, [r.model_copy(update={"id": f"mine-{i}"}) for i, r in enumerate(records(8))])
+    shard = Dataset.open(dataset).shard_files()[0]
+    shutil.copy(shard, dataset / "trajectories" / pattern)
+    shard.rename(dataset / "trajectories" / "s1.parquet")
+    (dataset / "trajectories" / "s2.parquet").symlink_to(Dataset.open(outside).shard_files()[0])
+    _point_a_shard_at(dataset, f"trajectories/{pattern}")
+    for reader in [*READERS, "view"]:
+        out = tmp_path / f"out-{reader}"
+        args = ["view", dataset, "--port", "0"] if reader == "view" else _reader_args(reader, dataset, out, filters_yaml)
+        line = _one_error_line(_cli(*args), str(dataset), f"trajectories/{pattern}", "not a plain file name")
+        assert "app" not in no_serving, line
+        assert not out.exists() or not list(out.rglob("*.parquet")), f"{reader} wrote rows"
+
+
+def test_a_dataset_under_a_folder_named_like_a_pattern_reads_its_own_shards(tmp_path, no_serving):
+    """`runs[1]/ds` is read as itself, not as the `runs1/ds` DuckDB's glob would match."""
+    from starlette.testclient import TestClient
+
+    mine, decoy = tmp_path / "runs[1]" / "ds", tmp_path / "runs1" / "ds"
+    make_dataset(mine, records(8))
+    make_dataset(decoy, [r.model_copy(update={"id": f"decoy-{i}", "source": "decoy"}) for i, r in enumerate(records(3))])
+    result = _cli("stats", mine, "--json")
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["records"] == 8 and stats["sources"] == [{"source": "test", "records": 8}]
+    assert _cli("view", mine, "--port", "0").exit_code == 0
+    with TestClient(no_serving["app"], base_url="http://127.0.0.1") as c:
+        assert c.get("/api/0/count/trajectories").json() == {"total": 8}
+        assert all(not r["id"].startswith("decoy") for r in c.get("/api/0/list/trajectories?limit=50").json()["rows"])
+    result = _cli("mix", mine, "--output", tmp_path / "m")
+    assert result.exit_code == 0, result.output
+    assert Dataset.open(tmp_path / "m").count() == 8
+
+
 def test_stats_counts_rows_from_the_shards_not_the_manifest(dataset):
     manifest = json.loads((dataset / MANIFEST).read_text())
     for unit in manifest["units"].values():

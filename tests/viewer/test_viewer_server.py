@@ -91,6 +91,24 @@ def test_loopback_by_default_and_a_warning_when_exposed(viewer_dataset, no_servi
         in " ".join(result.output.split())
 
 
+def test_ipv6_loopback_checks_the_host_header_too(viewer_dataset, no_serving):
+    """`--host ::1`: a page elsewhere that rebinds its name to ::1 sends its own name in Host: refused."""
+    result = runner.invoke(app, ["view", str(viewer_dataset), "--port", "0", "--host", "::1"])
+    assert result.exit_code == 0, result.output
+    assert no_serving["address"][0] == "::1" and "warning" not in result.output
+    for base, status in [("http://evil.example", 400), ("http://evil.example:8765", 400), ("http://[::2]:8765", 400),
+                         ("http://[::1]:8765", 200), ("http://[0:0::1]", 200), ("http://localhost:8765", 200)]:
+        with TestClient(no_serving["app"], base_url=base) as c:
+            assert c.get("/api/sources").status_code == status, base
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "70000"])
+def test_a_port_out_of_range_is_one_line(viewer_dataset, port):
+    result = runner.invoke(app, ["view", str(viewer_dataset), "--port", port])
+    assert result.exit_code == 1 and result.output.strip() == (
+        f"error: --port {port}: a port is a number from 0 to 65535 (0: any free port)")
+
+
 def test_a_pipeline_root_shows_its_datasets_and_exports(viewer_dataset, viewer_export):
     root = viewer_dataset.parent.parent
     (root / "_prefect").mkdir(exist_ok=True)  # Prefect's home under a pipeline root: not a dataset
@@ -118,6 +136,8 @@ def test_images_only_from_inside_the_dataset(client, viewer_dataset):
     assert client.get("/media/0/%2E%2E/outside.png").status_code == 403
     assert client.get("/media/0/%2E%2E/%2E%2E/%2E%2E/etc/passwd").status_code == 403
     assert client.get("/media/0/_manifest.json").status_code == 403  # not an image
+    bad = client.get("/media/0/x%00.png")  # the client raises what the server would answer with a 500
+    assert bad.status_code == 400 and bad.json() == {"error": "not a valid file path"}
     missing = client.get("/media/0/screenshots/none.png")
     assert missing.status_code == 404 and "no image screenshots/none.png" in missing.json()["error"]
 
