@@ -63,13 +63,17 @@ def _size(content: Any) -> int:
 def window(sizes: Sequence[int], is_tool: Callable[[int], bool], limit: int | None) -> list[int]:
     """Positions kept of a history without its system message (`sizes`: each message's content length;
     `is_tool(i)`: whether message i answers a tool call): the first (the task) and as many of the most
-    recent as fit in `limit` characters of content; a kept tail never starts on a tool answer."""
+    recent as fit in `limit` characters of content; a kept tail never starts on a tool answer. The latest
+    turn (the last message that is not a tool answer, and the answers after it) is always kept, however
+    long: a window without the newest tool result shows the model the same request again, and it repeats
+    the same call (observations are bounded where they leave the world: `max_observation_chars`)."""
     n = len(sizes)
     size = sum(sizes)
     if limit is None or size <= limit:
         return list(range(n))
+    latest = next((i for i in range(n - 1, 0, -1) if not is_tool(i)), n)
     start = 1
-    while start < n and size > limit:
+    while start < latest and size > limit:
         size -= sizes[start]
         start += 1
     # Never start on a tool answer whose call was dropped (templates reject orphans).

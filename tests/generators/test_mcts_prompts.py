@@ -129,3 +129,23 @@ def _arguments_as_objects(messages: list[dict]) -> list[dict]:
 
 def _object(arguments: str | dict) -> dict:
     return arguments if isinstance(arguments, dict) else json.loads(arguments)
+
+
+def test_a_tool_result_longer_than_the_window_is_in_the_next_request() -> None:
+    """A result bigger than the whole history window stays in the request after it (with its call), and the
+    export rebuilds that request: dropping it made the model see the previous request again and repeat the call."""
+    from converters.export import preview
+
+    system = TextObservation(content="policy", source="environment", name="system", train=False)
+    user = TextObservation(content="list everything", source="user")
+    call = ApiAction(function="list_all", arguments={}, tool_call_id="call_2")
+    big = TextObservation(content="x" * 5000, source="environment", tool_call_id="call_2")
+    answer = MessageAction(content="Here is the list.")
+    policy = AgentPolicy(FakeLLM(LLMConfig(backend="fake", model="m")), RetailEnv(0).tools(), max_history_chars=1000)
+    sent = policy.prompt([system, user, call, big])
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"]
+    assert sent[-1]["content"] == big.content and sent[-2]["tool_calls"][0]["function"]["name"] == "list_all"
+    traj = Trajectory(id="w", source="rollout", steps=[system, user, call, big, answer], tools=policy.tools,
+                      details={"render": policy.settings.model_dump()})
+    rows = preview(traj, "trl-sft").rows
+    assert _arguments_as_objects(rows[-1]["prompt"]) == _arguments_as_objects(sent)
