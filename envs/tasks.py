@@ -35,6 +35,10 @@ class TaskFileError(ValueError):
     """A tasks file that cannot be used; the message names the file (and line)."""
 
 
+class NoSplits(TaskFileError):
+    """A split was asked of a source that has none (tau2 without a split file, MiniWoB without test seeds)."""
+
+
 class TaskSourceConfig(BaseModel):
     """The `tasks:` block of a method or env-check config."""
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from flows import (cmd_agent_r, cmd_convert, cmd_envs, cmd_export, cmd_fake_server, cmd_filter, cmd_generate,
-                   cmd_run, cmd_store, cmd_view)
+from flows import (cmd_agent_r, cmd_convert, cmd_envs, cmd_eval, cmd_export, cmd_fake_server, cmd_filter,
+                   cmd_generate, cmd_run, cmd_store, cmd_view)
 
 app = typer.Typer(
     name="trajforge",
@@ -35,6 +35,7 @@ app.command("run")(cmd_run.run)
 app.command("serve")(cmd_run.serve)
 app.command("agent-r")(cmd_agent_r.agent_r)
 app.add_typer(cmd_envs.app, name="envs")
+app.add_typer(cmd_eval.app, name="eval")
 
 
 def main() -> None:

@@ -78,6 +78,7 @@ class AgentPolicy:
         mode: Literal["tools", "text"] = "tools",
         system: str = SYSTEM,
         temperature: float | None = None,
+        seed: int | None = None,
         max_history_chars: int = 12_000,
     ) -> None:
         self.llm = llm
@@ -86,6 +87,7 @@ class AgentPolicy:
         self.mode = mode
         self.system = system
         self.temperature = temperature
+        self.seed = seed  # sent with every request: samples of one prompt under other seeds are other answers
         self.max_history_chars = max_history_chars
         self._rendered = _RenderCache(RenderOptions(reasoning=False, web_max_chars=max_history_chars))
 
@@ -109,6 +111,8 @@ class AgentPolicy:
         params: dict[str, Any] = {}
         if self.temperature is not None:
             params["temperature"] = self.temperature
+        if self.seed is not None:
+            params["seed"] = self.seed
         if self.mode == "tools":
             completions = await self.llm.chat(msgs, tools=self._wire_tools, n=n, **params)
         else:

@@ -135,10 +135,10 @@ class EnvMethod(GenerationMethod):
             return f"{AGENT_SYSTEM}\n\n# Policy\n{self._policy_text}"
         return AGENT_SYSTEM
 
-    def policy(self, temperature: float | None = None, *, llm: Any = None) -> AgentPolicy:
+    def policy(self, temperature: float | None = None, *, llm: Any = None, seed: int | None = None) -> AgentPolicy:
         t = self.config.agent_temperature if temperature is None else temperature
         return AgentPolicy(llm or self.llm, self.tools, mode=self.config.agent_mode, temperature=t,
-                           system=self.agent_system())
+                           system=self.agent_system(), seed=seed)
 
     # ---- records --------------------------------------------------------------------------------
 

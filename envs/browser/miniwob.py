@@ -7,8 +7,14 @@
         tasks: [click-button, "click-check*"]   # names or glob patterns (default: all)
         exclude: ["*-nodelay"]                  # optional
         seeds: 3                                # seeds per task: seed, seed+1, ...
+        test_seeds: 10                          # optional: a held-out test split of 10 seeds per task
+        test_seed: 10000                        # ... test_seed, test_seed+1, ... (default 10000)
 
-A task is one page and one seed (`miniwob/<page>/<seed>`). An episode opens the page, hides the
+A task is one page and one seed (`miniwob/<page>/<seed>`). With `test_seeds`, the tasks have splits
+(`metadata.split`): `train` is the `seeds` seeds from `seed`, `test` the `test_seeds` seeds from
+`test_seed`, and the two ranges may not overlap. As with tau2's split, `split` picks one (`train` by
+default, `test`, or `all`) and test tasks are refused unless `allow_test_split` is set (`trajforge eval`
+sets it: it reads the test split). An episode opens the page, hides the
 display meant for people (reward box, timer, start cover), seeds the page's random numbers
 (`Math.seedrandom(seed)`), starts it (`core.startEpisodeReal()`) and reads the instruction
 (`core.getUtterance()`). The page's own timer would end an episode after 10 s, while a model
@@ -38,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from envs.base import EnvError, Evaluation, Task
 from envs.browser.server import serve_directory
-from envs.tasks import TaskFileError, TaskSourceConfig, register_task_source
+from envs.tasks import NoSplits, TaskFileError, TaskSourceConfig, register_task_source
 
 if TYPE_CHECKING:
     from envs.base import Environment
@@ -199,29 +205,67 @@ async def _read(keys: list[tuple[str, int]], found: dict[tuple[str, int], str]) 
         await shared.release(0)
 
 
-def _task(page: str, seed: int, instruction: str) -> Task:
+def _task(page: str, seed: int, instruction: str, split: str | None = None) -> Task:
     return Task(id=task_id(page, seed), env="browser", instruction=instruction, params={"miniwob": page}, seed=seed,
-                goal={"type": "miniwob"}, metadata={"source": SOURCE, "miniwob_version": version()})
+                goal={"type": "miniwob"}, metadata={"source": SOURCE, "miniwob_version": version(),
+                                                    **({"split": split} if split else {})})
+
+
+_OPTIONS = ("tasks", "exclude", "seeds", "test_seeds", "test_seed")
+TRAIN, TEST, ALL = "train", "test", "all"
+DEFAULT_TEST_SEED = 10_000
+
+
+def _whole(options: dict[str, Any], name: str, default: int | None, least: int) -> int | None:
+    value = options.get(name, default)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+        raise TaskFileError(f"miniwob: options.{name} must be a whole number >= {least}")
+    return value
+
+
+def seed_splits(config: TaskSourceConfig) -> list[tuple[int, str | None]]:
+    """(seed, split) of the seeds the config asks for, per task page."""
+    options = config.options
+    seeds = _whole(options, "seeds", 1, 1)
+    test_seeds = _whole(options, "test_seeds", None, 1)
+    test_seed = _whole(options, "test_seed", DEFAULT_TEST_SEED, 0)
+    assert seeds is not None and test_seed is not None
+    train = [(config.seed + k, TRAIN if test_seeds else None) for k in range(seeds)]
+    if test_seeds is None:
+        if config.split not in (None, ALL):
+            raise NoSplits(f"miniwob: split {config.split!r} asked for, but the source has no splits "
+                           "(options.test_seeds sets a held-out test split)")
+        return train
+    test = [(test_seed + k, TEST) for k in range(test_seeds)]
+    if max(config.seed, test_seed) < min(config.seed + seeds, test_seed + test_seeds):
+        raise TaskFileError(f"miniwob: the train seeds {config.seed}..{config.seed + seeds - 1} overlap the test seeds "
+                            f"{test_seed}..{test_seed + test_seeds - 1} (options.test_seed moves them)")
+    wanted = config.split or TRAIN
+    if wanted not in (TRAIN, TEST, ALL):
+        raise TaskFileError(f"miniwob: no split {wanted!r}; splits: train, test, or all")
+    if wanted != TRAIN and not config.allow_test_split:
+        raise TaskFileError(f"miniwob: the test split ({test_seeds} seed(s) per task from {test_seed}) is held out; "
+                            "allow it only where it is meant to be used (tasks.allow_test_split: true)")
+    return {TRAIN: train, TEST: test, ALL: train + test}[wanted]
 
 
 @register_task_source(SOURCE)
 def miniwob_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None) -> Iterator[Task]:
     options = dict(config.options)
-    unknown = sorted(set(options) - {"tasks", "exclude", "seeds"})
+    unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
-        raise TaskFileError(f"miniwob: unknown option(s) {', '.join(unknown)} (known: tasks, exclude, seeds)")
+        raise TaskFileError(f"miniwob: unknown option(s) {', '.join(unknown)} (known: {', '.join(_OPTIONS)})")
     patterns, exclude = options.get("tasks"), options.get("exclude")
     for name, value in (("tasks", patterns), ("exclude", exclude)):
         if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
             raise TaskFileError(f"miniwob: options.{name} must be a list of task names or patterns")
-    seeds = options.get("seeds", 1)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-        raise TaskFileError("miniwob: options.seeds must be a whole number >= 1 (seeds per task)")
-    keys = [(page, config.seed + k) for page in select_pages(patterns, exclude) for k in range(seeds)]
+    splits = seed_splits(config)
+    split_of = dict(splits)
+    keys = [(page, seed) for page in select_pages(patterns, exclude) for seed, _ in splits]
     if config.ids is not None:
         wanted = set(config.ids)
         keys = [k for k in keys if task_id(*k) in wanted]
     if config.n is not None:
         keys = keys[: config.n]
     for (page, seed), instruction in instructions(keys).items():
-        yield _task(page, seed, instruction)
+        yield _task(page, seed, instruction, split_of[seed])
