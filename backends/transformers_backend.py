@@ -85,10 +85,27 @@ def load_model(path: str, *, device: str | None = None, train: bool = False) -> 
     dtype = torch.float32 if device == "cpu" or train else "auto"
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    if "gguf_file" in kwargs:
+        _unpacked(model, path)
     model.to(device)
     if not train:
         model.eval()
     return model, tokenizer
+
+
+def _unpacked(model: Any, path: str) -> None:
+    """A GGUF model whose weights were dequantized on load is a plain model: drop the quantizer's mark, which
+    would stop the Trainer and `save_pretrained` (both refuse quantized models)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return
+    if getattr(quantizer, "supported", False) and not getattr(quantizer.quantization_config, "dequantize", True):
+        raise ValueError(f"model {path}: transformers kept the GGUF weights quantized (a GGUF kernel is installed); "
+                         "it can be served but not trained or saved")
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
 
 
 def default_model_path() -> str:
@@ -120,6 +137,7 @@ class TransformersLLM(LLM):
             raise ValueError(f"model {self.model_path} has no chat template; set llm.chat_template")
         self._stop_ids = self._end_tokens()
         self._lock = threading.Lock()
+        self._prefix = PrefixCache()
 
     def _end_tokens(self) -> list[int]:
         """Ids that end an answer: the tokenizer's end of sequence, the model's, and the chat format's end of turn."""
@@ -174,12 +192,17 @@ class TransformersLLM(LLM):
         else:
             kwargs.update(top_p=None, top_k=None, temperature=None)
         device = self.model.device
+        one = not (sample and request.n > 1)  # one sequence: the prompt's cache can be kept for the next request
         with self._lock, torch.inference_mode():
             if sample and params.get("seed") is not None:
                 torch.manual_seed(int(params["seed"]))
+            cache = self._prefix.reuse(ids) if one else None
             out = self.model.generate(input_ids=torch.tensor([ids], device=device),
-                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device), **kwargs)
-        rows = out[:, len(ids):].tolist()
+                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
+                                      cache=cache, return_dict_in_generate=True, **kwargs)
+            if one:
+                self._prefix.keep(ids, _generated_cache(out))
+        rows = out.sequences[:, len(ids):].tolist()
         if not sample:
             rows = rows * request.n  # greedy: every sample is the same answer
         completions = []
@@ -194,6 +217,15 @@ class TransformersLLM(LLM):
             usage = Usage(len(ids) if i == 0 else 0, len(row))
             completions.append(read_answer(text, finish, usage, emulated=emulated))
         return completions
+
+    def _validate(self, request: ChatRequest, completions: list[Completion]) -> None:
+        """A greedy answer cut off at the token limit would come out the same again: it is handed back as
+        truncated at once instead of retried (sampled ones are retried as by every backend)."""
+        temperature = request.params.get("temperature")
+        if temperature is not None and temperature > 0:
+            super()._validate(request, completions)
+        elif any(c.finish_reason == "length" for c in completions):
+            self.stats.truncated += 1
 
     # ---- scoring --------------------------------------------------------------------------------
 
@@ -217,6 +249,57 @@ class TransformersLLM(LLM):
         import gc
 
         gc.collect()
+
+
+class PrefixCache:
+    """The attention cache of the last prompt, reused for the part the next prompt shares with it.
+
+    An agent's requests repeat a long prefix (system prompt, tool list, the episode so far): the next
+    request computes only what follows the shared part. Prefixes shorter than `min_tokens` are not
+    worth the bookkeeping. Used under the backend's lock, one sequence at a time.
+    """
+
+    def __init__(self, min_tokens: int = 32) -> None:
+        self.min_tokens = min_tokens
+        self.ids: list[int] = []
+        self.cache: Any = None
+        self.reused_tokens = 0  # prompt tokens not computed again, for tests and benchmarks
+
+    def reuse(self, ids: list[int]) -> Any:
+        """The kept cache cut to the prefix `ids` shares with its prompt (at least one token left to compute), or None."""
+        cache, self.cache = self.cache, None
+        if cache is None:
+            return None
+        shared = 0
+        for a, b in zip(self.ids, ids):
+            if a != b:
+                break
+            shared += 1
+        shared = min(shared, len(ids) - 1)
+        if shared < self.min_tokens:
+            return None
+        _crop(cache, shared)
+        self.reused_tokens += shared
+        return cache
+
+    def keep(self, ids: list[int], cache: Any) -> None:
+        """Keep `cache` (of `ids` and the answer generated after them) as the cache of `ids`."""
+        if cache is None or not hasattr(cache, "crop"):
+            return
+        _crop(cache, len(ids))
+        self.ids, self.cache = list(ids), cache
+
+
+def _generated_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)  # transformers >= 5.x; `past_key_values` before
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Cut a cache to its first `length` tokens (transformers' `crop` takes how many to remove, negated)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
 
 
 def _with_mapping_arguments(message: dict[str, Any]) -> dict[str, Any]:

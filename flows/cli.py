@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from flows import (cmd_agent_r, cmd_convert, cmd_envs, cmd_eval, cmd_export, cmd_fake_server, cmd_filter,
-                   cmd_generate, cmd_run, cmd_store, cmd_view)
+                   cmd_generate, cmd_improve, cmd_run, cmd_store, cmd_train, cmd_view)
 
 app = typer.Typer(
     name="trajforge",
@@ -34,6 +34,8 @@ app.command("fake-server")(cmd_fake_server.fake_server)
 app.command("run")(cmd_run.run)
 app.command("serve")(cmd_run.serve)
 app.command("agent-r")(cmd_agent_r.agent_r)
+app.command("train")(cmd_train.train)
+app.command("improve")(cmd_improve.improve)
 app.add_typer(cmd_envs.app, name="envs")
 app.add_typer(cmd_eval.app, name="eval")
 
