@@ -224,15 +224,18 @@ def _hook_train(cfg: ImproveConfig, hook: HookTrain, export: str, export_key: st
            "TRAJFORGE_NEXT_MODEL_FILE": str(pending)}
     last = run_hook(argv, env=env, cwd=hook.cwd, log_path=cfg.root / "train-hook.log", timeout_s=hook.timeout_s,
                     what="train hook")
-    reported = pending.read_text(encoding="utf-8") if pending.is_file() else last
-    if (out / "config.json").is_file() and not reported.strip().startswith(("{", "http://", "https://")):
-        model: dict[str, Any] = {"backend": "transformers", "model_path": str(out)}
-    else:
+    # What the hook reports, in order: a model in $TRAJFORGE_NEXT_MODEL_FILE (JSON fields or a URL: a server it
+    # started), a checkpoint in {output} (served in process), the last line it printed.
+    if pending.is_file() or not (out / "config.json").is_file():
+        reported = pending.read_text(encoding="utf-8") if pending.is_file() else last
         try:
-            model = next_model(cfg.llm, reported).model_dump(mode="json", exclude_none=True)
+            model: dict[str, Any] = next_model(cfg.llm, reported).model_dump(mode="json", exclude_none=True)
         except ValueError as exc:
-            raise HookError(f"train hook: {exc}, and it wrote no model to {out}; log: {cfg.root / 'train-hook.log'}") \
-                from None
+            first = str(exc).splitlines()[0]
+            raise HookError(f"train hook: wrote no model to {out} and reported none ({first}); "
+                            f"log: {cfg.root / 'train-hook.log'}") from None
+    else:
+        model = {"backend": "transformers", "model_path": str(out)}
     pending.unlink(missing_ok=True)
     return _record(cfg, "train", key, out, command=hook.command, model=model)
 

@@ -91,12 +91,17 @@ class AgentPolicy:
         self.max_history_chars = max_history_chars
         self._rendered = _RenderCache(RenderOptions(reasoning=False, web_max_chars=max_history_chars))
 
-    def prompt(self, history: list[Step], guidance: str | None = None) -> list[dict[str, Any]]:
+    def system_prompt(self, guidance: str | None = None) -> str:
+        """The system message this policy sends (before any system text a history brings)."""
         system = self.system
         if guidance:
             system = f"{system}\n\n{guidance}"
         if self.mode == "text":
             system = f"{system}\n\nTools (JSON, one per line):\n{tools_block(self.tools)}\n\n{TEXT_FORMAT}"
+        return system
+
+    def prompt(self, history: list[Step], guidance: str | None = None) -> list[dict[str, Any]]:
+        system = self.system_prompt(guidance)
         history_msgs = self._rendered.messages(history)
         if self.mode == "text":
             history_msgs = [text_message(m) for m in history_msgs]

@@ -4,8 +4,9 @@ Each task's reference solution (`env.reference_solution`: tau2's gold actions fo
 with what the user must hear, MiniWoB's scripted solvers, a site task's `solution`, the built-in
 worlds' goal actions) is played through the one episode loop by a proposer that replays it. A
 demonstration therefore looks exactly like an agent's episode of the task: the opening, each
-action with the observation it got, and the environment's own evaluation. It gives an improve
-loop training data without a strong teacher model.
+action with the observation it got, and the environment's own evaluation, after the system prompt an
+agent of the same config receives (its first step, as in every environment trajectory). It gives an
+improve loop training data without a strong teacher model.
 
 Tasks without a reference solution are filtered ("no reference solution"); a reference that does
 not solve its task is kept with `success = false` (supervised exports leave it out). The config's
@@ -21,13 +22,13 @@ from pydantic import Field
 
 from backends.config import LLMConfig
 from envs.base import Task
-from generators._episode import play_episode
+from generators._episode import play_episode, renumber_calls
 from generators.agent import Proposal
 from generators.base import TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.registry import register_method
-from schemas.models import Action, Provenance, Step
+from schemas.models import Action, Provenance, Step, TextObservation
 
 NO_REFERENCE = "no reference solution"
 REFERENCE_MODEL = "reference-solution"
@@ -79,10 +80,16 @@ class Demonstrations(EnvMethod):
             stage, error = episode_failure(exc)
             result.fail(spec.id, stage, error, {"task": task.id})
             return result
-        result.trajectories.append(self.trajectory(task, "", episode.steps, episode.evaluation,
+        steps = renumber_calls([self.system_step(), *episode.steps])
+        result.trajectories.append(self.trajectory(task, "", steps, episode.evaluation,
                                                    reference_actions=len(actions), **episode.details()))
         episode.count(result.counts)
         return result
+
+    def system_step(self) -> TextObservation:
+        """The system prompt an agent of this config receives, as the record's first step (the trajectory
+        contract's system step), so that training on a demonstration sees the prompt the agent will see."""
+        return TextObservation(source="environment", name="system", content=self.policy().system_prompt(), train=False)
 
     def _placeholder(self, task: Task) -> Any:
         """The record a filtered task leaves: the task, without steps."""

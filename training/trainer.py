@@ -62,6 +62,8 @@ class TrainConfig(BaseModel):
     chat_template: str | None = Field(None, description="a TRL template name, a .jinja file or the text; saved with the "
                                                         "checkpoint (default: the base's own)")
     device: str | None = Field(None, description="cuda or cpu (default: cuda where there is one)")
+    gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
+                                                                  "(less memory, slower; default: TRL's, on)")
     save_steps: int = Field(200, ge=1, description="checkpoint every this many steps (what a killed run resumes from)")
     logging_steps: int = Field(5, ge=1)
 
@@ -167,6 +169,7 @@ def build_trainer(export: Path, base: str, output: Path, cfg: TrainConfig, *, mo
         warmup_steps=cfg.warmup_ratio, lr_scheduler_type=cfg.lr_scheduler, seed=cfg.seed, data_seed=cfg.seed,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, logging_steps=cfg.logging_steps,
         report_to=[], use_cpu=device == "cpu", dataloader_num_workers=0,
+        **({} if cfg.gradient_checkpointing is None else {"gradient_checkpointing": cfg.gradient_checkpointing}),
         bf16=device == "cuda" and torch.cuda.is_bf16_supported())
     extra: dict[str, Any] = {}
     if cfg.lora:
