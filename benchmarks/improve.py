@@ -49,12 +49,12 @@ def config(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """configs/improve_miniwob.yaml (the loop users run) with this run's sizes."""
     cfg = yaml.safe_load(CONFIG.read_text())
     cfg["output"] = str(out)
-    options = cfg["tasks"]["options"]
+    test, train = cfg["tasks"]["options"], cfg["generate"]["tasks"]["options"]
     if args.tasks or args.gpu:
-        options["tasks"] = args.tasks.split(",") if args.tasks else GPU_TASKS
-        if not set(options["tasks"]) <= set(TASKS):
+        test["tasks"] = train["tasks"] = args.tasks.split(",") if args.tasks else GPU_TASKS
+        if not set(test["tasks"]) <= set(TASKS):
             cfg["env_config"]["actions"] = ["click", "type", "select_option", "press"]
-    options.update(seeds=args.train_seeds, test_seeds=args.test_seeds)
+    test["seeds"], train["seeds"] = args.test_seeds, args.train_seeds
     cfg.update(max_steps=args.max_steps)
     cfg["llm"]["max_tokens"] = args.max_tokens
     cfg["train"].update(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from envs.base import Environment
 
 MAX_TASKS_FILE_BYTES = 256 * 1024 * 1024
+TEST_SPLIT = "test"
 # A run's task count is bounded: task generators build their lists whole, and nobody means 10^12.
 MAX_TASKS = 1_000_000
 
@@ -36,7 +37,7 @@ class TaskFileError(ValueError):
 
 
 class NoSplits(TaskFileError):
-    """A split was asked of a source that has none (tau2 without a split file, MiniWoB without test seeds)."""
+    """A split was asked of a source that has none (tau2 without a split file)."""
 
 
 class TaskSourceConfig(BaseModel):

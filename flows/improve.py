@@ -168,7 +168,7 @@ def check_disjoint(cfg: ImproveConfig) -> tuple[int, int]:
     if shared:
         raise ImproveError(f"the generation tasks include {len(shared)} of the {len(test_ids)} test tasks "
                            f"({', '.join(shared[:3])}{', ...' if len(shared) > 3 else ''}): give the task source a test split "
-                           "(tau2's split file, MiniWoB's options.test_seeds) or generate.tasks of their own")
+                           "(tau2's split file; MiniWoB's seeds from 100000) or generate.tasks of their own")
     if split == "none":
         term.console.print("[bold yellow]warning:[/] the task source has no splits; the evals run every task",
                            highlight=False)

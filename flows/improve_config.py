@@ -4,10 +4,11 @@
     llm: {backend: transformers, chat_template: qwen2_5_training, max_tokens: 48}   # the model to improve
     env: browser                                    # the agent config, as for `trajforge eval`:
     env_config: {observe: [axtree], actions: [click]}
-    tasks: {source: miniwob, options: {tasks: [click-button, click-link], seeds: 40, test_seeds: 10}}
+    tasks: {source: miniwob, options: {tasks: [click-button, click-link], seeds: 10}}
     max_steps: 2
     eval: {samples: 1, concurrency: 4}              # both evals: the test split of `tasks`
-    generate: {method: demonstrations}              # on the train split; any method (its own keys)
+    generate: {method: demonstrations,              # on the train split; any method (its own keys)
+               tasks: {source: miniwob, options: {tasks: [click-button, click-link], seeds: 40}}}
     filter: {chain: [{name: min_steps, min_steps: 2}]}   # optional, as in `trajforge run`
     dedup: {threshold: 0.9}                         # optional
     export: {format: trl-sft}

@@ -7,14 +7,10 @@
         tasks: [click-button, "click-check*"]   # names or glob patterns (default: all)
         exclude: ["*-nodelay"]                  # optional
         seeds: 3                                # seeds per task: seed, seed+1, ...
-        test_seeds: 10                          # optional: a held-out test split of 10 seeds per task
-        test_seed: 10000                        # ... test_seed, test_seed+1, ... (default 10000)
 
-A task is one page and one seed (`miniwob/<page>/<seed>`). With `test_seeds`, the tasks have splits
-(`metadata.split`): `train` is the `seeds` seeds from `seed`, `test` the `test_seeds` seeds from
-`test_seed`, and the two ranges may not overlap. As with tau2's split, `split` picks one (`train` by
-default, `test`, or `all`) and test tasks are refused unless `allow_test_split` is set (`trajforge eval`
-sets it: it reads the test split). An episode opens the page, hides the
+A task is one page and one seed (`miniwob/<page>/<seed>`). Seeds from `TEST_SEED_BASE` (100000) on
+are the test split: generation refuses them unless `allow_test_split`, and `split: test` starts there
+(`seed` counts from it). An episode opens the page, hides the
 display meant for people (reward box, timer, start cover), seeds the page's random numbers
 (`Math.seedrandom(seed)`), starts it (`core.startEpisodeReal()`) and reads the instruction
 (`core.getUtterance()`). The page's own timer would end an episode after 10 s, while a model
@@ -44,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from envs.base import EnvError, Evaluation, Task
 from envs.browser.server import serve_directory
-from envs.tasks import NoSplits, TaskFileError, TaskSourceConfig, register_task_source
+from envs.tasks import TEST_SPLIT, TaskFileError, TaskSourceConfig, register_task_source
 
 if TYPE_CHECKING:
     from envs.base import Environment
@@ -65,6 +61,9 @@ READERS = 4  # pages read at once when loading tasks
 READ_TIMEOUT_MS = 30_000
 STATE_JS = """() => typeof WOB_DONE_GLOBAL === 'undefined' ? null
   : [WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_GLOBAL, WOB_REWARD_REASON]"""
+# Seeds from here on are the test split: no training data from them by accident.
+TEST_SEED_BASE = 100_000
+_OPTIONS = {"tasks", "exclude", "seeds"}
 # The state of an episode whose agent navigated away from the task page.
 LEFT_THE_PAGE: dict[str, Any] = {"done": False, "raw_reward": 0.0, "time_discounted_reward": 0.0,
                                  "reason": "the agent left the task page"}
@@ -205,67 +204,48 @@ async def _read(keys: list[tuple[str, int]], found: dict[tuple[str, int], str]) 
         await shared.release(0)
 
 
-def _task(page: str, seed: int, instruction: str, split: str | None = None) -> Task:
+def _task(page: str, seed: int, instruction: str) -> Task:
     return Task(id=task_id(page, seed), env="browser", instruction=instruction, params={"miniwob": page}, seed=seed,
                 goal={"type": "miniwob"}, metadata={"source": SOURCE, "miniwob_version": version(),
-                                                    **({"split": split} if split else {})})
+                                                    "split": TEST_SPLIT if seed >= TEST_SEED_BASE else "train"})
 
 
-_OPTIONS = ("tasks", "exclude", "seeds", "test_seeds", "test_seed")
-TRAIN, TEST, ALL = "train", "test", "all"
-DEFAULT_TEST_SEED = 10_000
-
-
-def _whole(options: dict[str, Any], name: str, default: int | None, least: int) -> int | None:
+def _whole(options: dict[str, Any], name: str, default: int) -> int:
     value = options.get(name, default)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
-        raise TaskFileError(f"miniwob: options.{name} must be a whole number >= {least}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TaskFileError(f"miniwob: options.{name} must be a whole number >= 1")
     return value
 
 
-def seed_splits(config: TaskSourceConfig) -> list[tuple[int, str | None]]:
-    """(seed, split) of the seeds the config asks for, per task page."""
-    options = config.options
-    seeds = _whole(options, "seeds", 1, 1)
-    test_seeds = _whole(options, "test_seeds", None, 1)
-    test_seed = _whole(options, "test_seed", DEFAULT_TEST_SEED, 0)
-    assert seeds is not None and test_seed is not None
-    train = [(config.seed + k, TRAIN if test_seeds else None) for k in range(seeds)]
-    if test_seeds is None:
-        if config.split not in (None, ALL):
-            raise NoSplits(f"miniwob: split {config.split!r} asked for, but the source has no splits "
-                           "(options.test_seeds sets a held-out test split)")
-        return train
-    test = [(test_seed + k, TEST) for k in range(test_seeds)]
-    if max(config.seed, test_seed) < min(config.seed + seeds, test_seed + test_seeds):
-        raise TaskFileError(f"miniwob: the train seeds {config.seed}..{config.seed + seeds - 1} overlap the test seeds "
-                            f"{test_seed}..{test_seed + test_seeds - 1} (options.test_seed moves them)")
-    wanted = config.split or TRAIN
-    if wanted not in (TRAIN, TEST, ALL):
-        raise TaskFileError(f"miniwob: no split {wanted!r}; splits: train, test, or all")
-    if wanted != TRAIN and not config.allow_test_split:
-        raise TaskFileError(f"miniwob: the test split ({test_seeds} seed(s) per task from {test_seed}) is held out; "
-                            "allow it only where it is meant to be used (tasks.allow_test_split: true)")
-    return {TRAIN: train, TEST: test, ALL: train + test}[wanted]
-
-
-@register_task_source(SOURCE)
-def miniwob_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None) -> Iterator[Task]:
+def _pages(config: TaskSourceConfig) -> list[str]:
     options = dict(config.options)
-    unknown = sorted(set(options) - set(_OPTIONS))
+    unknown = sorted(set(options) - _OPTIONS)
     if unknown:
-        raise TaskFileError(f"miniwob: unknown option(s) {', '.join(unknown)} (known: {', '.join(_OPTIONS)})")
+        raise TaskFileError(f"miniwob: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(_OPTIONS))})")
     patterns, exclude = options.get("tasks"), options.get("exclude")
     for name, value in (("tasks", patterns), ("exclude", exclude)):
         if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
             raise TaskFileError(f"miniwob: options.{name} must be a list of task names or patterns")
-    splits = seed_splits(config)
-    split_of = dict(splits)
-    keys = [(page, seed) for page in select_pages(patterns, exclude) for seed, _ in splits]
+    return select_pages(patterns, exclude)
+
+
+@register_task_source(SOURCE)
+def miniwob_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None) -> Iterator[Task]:
+    pages = _pages(config)
+    seeds = _whole(config.options, "seeds", 1)
+    if config.split not in (None, "train", TEST_SPLIT):
+        raise TaskFileError(f"miniwob: no split {config.split!r} (train: seeds below {TEST_SEED_BASE}, test: from it)")
+    first = config.seed + (TEST_SEED_BASE if config.split == TEST_SPLIT else 0)
+    keys = [(page, first + k) for page in pages for k in range(seeds)]
     if config.ids is not None:
         wanted = set(config.ids)
         keys = [k for k in keys if task_id(*k) in wanted]
     if config.n is not None:
         keys = keys[: config.n]
+    test = [task_id(*k) for k in keys if k[1] >= TEST_SEED_BASE]
+    if test and not config.allow_test_split:
+        raise TaskFileError(f"miniwob: {len(test)} task(s) of the test split (seeds from {TEST_SEED_BASE}: "
+                            f"{', '.join(test[:3])}{', ...' if len(test) > 3 else ''}); training data from test tasks "
+                            "is refused unless asked for (--allow-test-split, or tasks.allow_test_split: true)")
     for (page, seed), instruction in instructions(keys).items():
-        yield _task(page, seed, instruction, split_of[seed])
+        yield _task(page, seed, instruction)

@@ -43,10 +43,10 @@ def test_improve_on_miniwob_measures_trains_and_measures_again(prefect_harness, 
     config.write_text(yaml.safe_dump({
         "output": str(tmp_path / "out"), "llm": _llm(model), "env": "browser",
         "env_config": {"observe": ["axtree"], "actions": ["click"]},
-        "tasks": {"source": "miniwob", "options": {"tasks": ["click-button", "click-dialog"], "seeds": 2,
-                                                    "test_seeds": 1}},
+        "tasks": {"source": "miniwob", "options": {"tasks": ["click-button", "click-dialog"], "seeds": 1}},
         "max_steps": 1, "max_parse_failures": 1, "eval": {"concurrency": 2},
-        "generate": {"method": "demonstrations", "concurrency": 2},
+        "generate": {"method": "demonstrations", "concurrency": 2,
+                     "tasks": {"source": "miniwob", "options": {"tasks": ["click-button", "click-dialog"], "seeds": 2}}},
         "train": {"max_steps": 1, "batch_size": 2, "gradient_checkpointing": False}}))
     run = _run(config, prefect_harness)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -56,7 +56,7 @@ def test_improve_on_miniwob_measures_trains_and_measures_again(prefect_harness, 
     # Both evals ran the same held-out test seeds; the training data came from the train seeds only.
     assert before["split"] == after["split"] == "test"
     assert [r["task"] for r in before["per_task"]] == [r["task"] for r in after["per_task"]] == [
-        "miniwob/click-button/10000", "miniwob/click-dialog/10000"]
+        "miniwob/click-button/100000", "miniwob/click-dialog/100000"]
     demos = list(Dataset.open(out / "data" / "generate" / "train-data").iter_records())
     assert len(demos) == 4 and {d.provenance.task_split for d in demos} == {"train"} and all(d.success for d in demos)
     lineage = report["lineage"]
