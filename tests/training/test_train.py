@@ -82,3 +82,23 @@ def _load(export_dir):
 
     files = sorted(str(p) for p in (export_dir / "data").glob("train-*.parquet"))
     return datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(export_dir / ".hf"))
+
+
+@pytest.mark.parametrize("fmt", ["trl-dpo", "trl-kto"])
+def test_preference_exports_train_with_their_objective_and_a_reference_copy(fmt, tmp_path, tmp_path_factory):
+    from tests.export import _data
+    from training.trainer import train
+
+    pair, chosen, rejected = _data.branch_pair()
+    src = _data.store(tmp_path / "src", [_data.labeled_traj(), _data.failed_traj(), _data.tool_traj(), chosen,
+                                         rejected], [pair])
+    export(src, tmp_path / fmt, ExportConfig(format=fmt))
+    card = train(tmp_path / fmt, str(_tiny.shared_model_dir(tmp_path_factory)), tmp_path / "model",
+                 TrainConfig(max_steps=1, batch_size=2, gradient_checkpointing=False), log=lambda m: None)
+    settings = json.loads((tmp_path / fmt / "card.json").read_text())
+    assert card["objective"] == fmt.removeprefix("trl-") and card["steps"] == 1
+    assert card["trl"]["config"] == ("DPOConfig" if fmt == "trl-dpo" else "KTOConfig")
+    if fmt == "trl-kto":  # the weights this export's card computed, applied as they are
+        assert set(card["trl"]["card_settings"]) == {"max_length", "desirable_weight", "undesirable_weight"}
+        assert settings["format"] == "trl-kto"
+    assert (tmp_path / "model" / "model.safetensors").is_file()
