@@ -112,6 +112,14 @@ def test_eval_episodes_are_a_dataset_and_a_rerun_resumes_without_calls(evals):
     assert json.loads((evals["a"] / "eval.json").read_text())["usage"]["calls"] == 30  # summed over both runs
     result = CliRunner().invoke(app, ["validate", str(evals["a"])])
     assert result.exit_code == 0, result.output
+    from starlette.testclient import TestClient
+
+    from viewer.server import create_app
+    from viewer.sources import discover
+
+    with TestClient(create_app(discover([evals["a"]]))) as client:  # what `trajforge view DIR` serves
+        [source] = client.get("/api/sources").json()
+        assert source["counts"] == {"trajectories": 11, "pairs": 0, "quarantine": 1, "filtered": 0}
 
 
 def test_compare_pairs_tasks_and_bounds_the_difference(evals, tmp_path):
