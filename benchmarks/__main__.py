@@ -151,6 +151,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
     Benchmark("envs", "benchmarks.envs", (), ("--calls", "2000", "--episodes", "192", "--steps", "600",
                                               "--browser-episodes", "64")),
+    # The whole eval -> demonstrations -> SFT -> eval loop on SmolLM2-135M: about half an hour on 2 cores.
+    Benchmark("improve", "benchmarks.improve", (), ("--gpu",), timeout_s=3600, full_timeout_s=6 * 3600),
 )
 
 

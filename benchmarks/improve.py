@@ -97,6 +97,12 @@ def main() -> None:
     ap.add_argument("--work", help="work directory (default: a temporary one, removed afterwards)")
     args = ap.parse_args()
     if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("cannot run: --gpu needs a CUDA device (torch sees none)")
+            write_results("improve", [], cannot_run="--gpu needs a CUDA device")
+            return
         args.train_seeds, args.test_seeds, args.epochs, args.max_steps = max(args.train_seeds, 100), \
             max(args.test_seeds, 20), max(args.epochs, 3.0), max(args.max_steps, 4)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="trajforge-improve-"))

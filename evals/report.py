@@ -72,7 +72,10 @@ def task_group(task_id: str) -> str:
 
 def usage_of(runs: list[dict[str, Any]], llm: LLMConfig) -> dict[str, Any]:
     """Tokens and cost of the eval: what the backend counted in each invocation, summed (requests answered
-    from the cache cost nothing). Cost is 0 for local engines and unknown (None) for remote ones."""
+    from the cache cost nothing). Cost is 0 for local engines and unknown (None) for remote ones.
+
+    The one place eval reads usage: once steps carry their own (`Usage`, `usage_totals(trajectories)`),
+    this sums those instead, with the configured prices."""
     totals = Counter()
     for run in runs:
         for key in ("calls", "cache_hits", "prompt_tokens", "completion_tokens"):
