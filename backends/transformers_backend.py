@@ -246,6 +246,7 @@ class TransformersLLM(LLM):
     async def _close(self) -> None:
         with self._lock:
             self.model = None
+            self._prefix = PrefixCache()
         import gc
 
         gc.collect()

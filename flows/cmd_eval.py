@@ -12,7 +12,6 @@ from rich.table import Table
 
 from envs.sandbox import SandboxUnavailable
 from envs.tasks import TaskFileError
-from flows.config_file import ConfigFileError
 from flows.console import console, fail, read_config_mapping
 from flows.progress import RichProgress
 from schemas.store import StoreError
@@ -79,7 +78,7 @@ def _check_endpoint(cfg: Any, where: Path) -> None:
         from backends.openai_backend import endpoint_problem
 
         if (problem := endpoint_problem(cfg.llm)) is not None:
-            fail(str(ConfigFileError(f"{where}: {problem}")))
+            fail(f"{where}: {problem}")
 
 
 @app.command("compare")
