@@ -15,7 +15,7 @@ prompt, so the rows SFT trains on are the requests the agent sends at eval.
 Target: +20 points of pass@1 or more, the whole run within 30 minutes on 2 cores. The load average
 of the machine is sampled during the run (other processes share the cores) and reported.
 
-    python -m benchmarks.improve [--train-seeds 20 --test-seeds 8 --epochs 2 ...]
+    python -m benchmarks.improve [--train-seeds 16 --test-seeds 8 --epochs 2 ...]
     python -m benchmarks.improve --gpu      # larger: more pages, seeds and steps (CUDA)
 """
 
@@ -92,7 +92,7 @@ class LoadSampler:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", help="comma-separated MiniWoB pages (default: six one-click pages)")
-    ap.add_argument("--train-seeds", type=int, default=20, help="demonstrations per page")
+    ap.add_argument("--train-seeds", type=int, default=16, help="demonstrations per page")
     ap.add_argument("--test-seeds", type=int, default=8, help="held-out test seeds per page")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--lr", type=float, default=1e-4)
