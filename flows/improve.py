@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from backends.config import LLMConfig
@@ -335,6 +336,8 @@ def write_report(cfg: ImproveConfig, config_path: str, base: dict[str, Any], bef
         md += f"| {key} | {_fmt(out['before'][key])} | {_fmt(out['after'][key])} |\n"
     md += "\n## Lineage\n\n```json\n" + json.dumps(lineage, indent=1, default=str) + "\n```\n"
     (cfg.root / "report.md").write_text(md, encoding="utf-8")
+    create_markdown_artifact(key="trajforge-improve-report", markdown=md.split("\n## Lineage")[0],
+                             description=f"trajforge improve: before and after training ({cfg.root})")
     for what, value in summary_rows(result):
         term.console.print(f"  {what}: {value}", highlight=False)
     term.console.print(f"report: {cfg.root / 'report.md'}", highlight=False)
