@@ -40,7 +40,7 @@ class LLMConfig(BaseModel):
     # inside a ValidationError message.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True, frozen=True)
 
-    backend: Literal["openai", "llamacpp", "vllm", "fake"] = "openai"
+    backend: Literal["openai", "llamacpp", "vllm", "transformers", "fake"] = "openai"
     model: str = "default"
     base_url: str | None = None
     # Several servers of the same model instead of one base_url (openai backend): requests go to
@@ -75,10 +75,14 @@ class LLMConfig(BaseModel):
     # engines cost 0 unless priced here).
     price: Price | None = None
 
-    # Local engines (llamacpp / vllm).
+    # Local engines (llamacpp / vllm / transformers).
     model_path: str | None = None
     n_ctx: int = 2048
     n_threads: int | None = None
+    # transformers: the chat template (a TRL template name, a .jinja file or the text; default: the model's own)
+    # and the device (default: cuda where there is one, else cpu).
+    chat_template: str | None = None
+    device: str | None = None
 
     @model_validator(mode="after")
     def _check_bounds(self) -> LLMConfig:

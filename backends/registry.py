@@ -24,6 +24,10 @@ def make_llm(config: LLMConfig | dict[str, Any], **kwargs: Any) -> LLM:
         from backends.llamacpp_backend import LlamaCppLLM
 
         return LlamaCppLLM(config, **kwargs)
+    if config.backend == "transformers":
+        from backends.transformers_backend import TransformersLLM
+
+        return TransformersLLM(config, **kwargs)
     if config.backend == "vllm":
         from backends.vllm_backend import VLLMLLM
 

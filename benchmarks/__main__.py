@@ -154,6 +154,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("decontam", "benchmarks.decontam", ("--records", "50000"), ("--records", "500000")),
     # Rules alone on the quick run; --full adds the embedded SmolLM2 as the judge (about 11 minutes on 2 cores).
     Benchmark("user_fidelity", "benchmarks.user_fidelity", (), ("--embedded",)),
+    # The whole eval -> demonstrations -> SFT -> eval loop on SmolLM2-135M: about half an hour on 2 cores.
+    Benchmark("improve", "benchmarks.improve", (), ("--gpu",), timeout_s=3600, full_timeout_s=6 * 3600),
 )
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from envs.base import Environment
 
 MAX_TASKS_FILE_BYTES = 256 * 1024 * 1024
+TEST_SPLIT = "test"
 # A run's task count is bounded: task generators build their lists whole, and nobody means 10^12.
 MAX_TASKS = 1_000_000
 
@@ -43,6 +44,10 @@ class TaskFileError(ValueError):
 class NoTaskGenerator(TaskFileError, NotImplementedError):
     """The `env` task source of a world without a generator: a config without `tasks:` (methods that can do
     without example tasks catch NotImplementedError, the CLI reports a TaskFileError in one line)."""
+
+
+class NoSplits(TaskFileError):
+    """A split was asked of a source that has none (tau2 without a split file)."""
 
 
 class TaskSourceConfig(BaseModel):

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from pydantic import ValidationError
 
 from envs.base import Environment, Task
-from envs.tasks import TaskFileError, TaskSourceConfig, read_text, register_held_out, register_task_source, resolve_path
+from envs.tasks import NoSplits, TaskFileError, TaskSourceConfig, read_text, register_held_out, register_task_source, resolve_path
 
 TEST_SPLIT = "test"
 DEFAULT_SPLIT = "train"
@@ -132,7 +132,7 @@ def load_tau2(config: TaskSourceConfig, env_name: str, env: Environment | None) 
                 split_of.update(dict.fromkeys(splits[name], name))
     wanted = config.split or (DEFAULT_SPLIT if splits is not None else ALL)
     if wanted != ALL and splits is None:
-        raise TaskFileError(f"{config.path}: split {wanted!r} asked for, but there is no split_tasks.json beside it "
+        raise NoSplits(f"{config.path}: split {wanted!r} asked for, but there is no split_tasks.json beside it "
                             "(or options.split_file)")
     if wanted != ALL and wanted not in splits:  # type: ignore[operator]
         raise TaskFileError(f"{config.path}: no split {wanted!r}; splits: {', '.join(sorted(splits or {}))}, or all")

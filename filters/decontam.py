@@ -7,7 +7,8 @@ instruction (the task text) and a text (everything it says: for a tau2 task, the
 scenario).
 
 A record matches a reference, first rule first:
-1. `exact instruction`: its task instruction equals a reference's (lower-cased words);
+1. `exact instruction`: its task instruction equals a reference's (lower-cased words), unless the
+   reference's instruction is `templated` (a source's template shared by its splits: MiniWoB);
 2. `similar instruction`: the MinHash estimate of the Jaccard similarity of the two instructions'
    word 5-grams reaches `threshold` (LSH candidates, then the full signature);
 3. `n-gram`: at least `min_ngrams` word n-grams (13 by default, as in GPT-3's and Llama's
@@ -73,6 +74,9 @@ class Reference:
     source: str
     instruction: str
     text: str
+    # The instruction is a template instance the source shares between its splits by design (MiniWoB: another
+    # seed of the same page says the same words over another page), so only the n-gram rule reads it.
+    templated: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,8 @@ def task_references(tasks: Iterable[Any], source: str) -> list[Reference]:
     out = []
     for task in tasks:
         scenario = scenario_text(task) if isinstance(task.metadata.get("user_scenario"), dict) else ""
-        out.append(Reference(task.id, source, task.instruction, f"{task.instruction}\n{scenario}".strip()))
+        out.append(Reference(task.id, source, task.instruction, f"{task.instruction}\n{scenario}".strip(),
+                             templated=bool(task.metadata.get("templated_instruction"))))
     return out
 
 
@@ -167,6 +172,8 @@ class ReferenceIndex:
         self.params = lsh_params(threshold, num_perm)
         hashes, owners = [], []
         for i, ref in enumerate(self.references):
+            if ref.templated and len(normalized_words(ref.text).split()) < ngram:
+                continue  # shorter than one n-gram: its one shingle is the template's words themselves
             h = np.unique(_text_shingles(ref.text, ngram, 64))
             if len(h):
                 hashes.append(h)
@@ -179,9 +186,10 @@ class ReferenceIndex:
         self.hashes, self.owner = all_h[first], all_o[first]
         self.exact = {}
         for i, ref in enumerate(self.references):
-            self.exact.setdefault(normalized_words(ref.instruction), i)
+            if not ref.templated:
+                self.exact.setdefault(normalized_words(ref.instruction), i)
         self.exact.pop("", None)
-        with_instruction = [i for i, r in enumerate(self.references) if normalized_words(r.instruction)]
+        with_instruction = [i for i, r in enumerate(self.references) if normalized_words(r.instruction) and not r.templated]
         self.sig_owner = np.array(with_instruction, dtype=np.int64)
         self.sigs = np.stack([self.signer.sign_shingles(_text_shingles(self.references[i].instruction,
                                                                         INSTRUCTION_SHINGLE, 32))

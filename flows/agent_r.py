@@ -16,9 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +26,10 @@ from prefect.cache_policies import NO_CACHE
 from backends.config import LLMConfig
 from flows import console as term
 from flows.agent_r_config import NEXT_MODEL_FILE, AgentRConfig, HookConfig, load_agent_r_config, next_model
+from flows.hooks import HookError, run_hook
 from flows.pipeline import pipeline_flow
 
 SUMMARY_FILE = "agent_r.json"
-
-
-class HookError(RuntimeError):
-    """The hook failed (exit status, timeout, no model reported); the message says which and where its log is."""
 
 
 def _describe(model: LLMConfig) -> str:
@@ -61,34 +55,13 @@ def hook_task(hook: HookConfig, k: int, round_dir: str, model: LLMConfig, data: 
            "TRAJFORGE_DATA": values["data"], "TRAJFORGE_EXPORTS": values["exports"],
            "TRAJFORGE_ALL_DATA": os.pathsep.join(all_data), "TRAJFORGE_NEXT_MODEL_FILE": str(pending),
            "TRAJFORGE_MODEL": model.model_dump_json(exclude_none=True)}
-    log_path = out / "hook.log"
-    started = time.monotonic()
-    term.console.print(f"  hook: {shlex.join(argv)} (output in {log_path})", highlight=False, markup=False)
-    with open(log_path, "ab") as log:
-        offset = log.tell()
-        try:
-            proc = subprocess.Popen(argv, cwd=hook.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            raise HookError(f"round {k} hook {argv[0]!r} cannot start: {exc.strerror or exc}") from None
-        try:
-            status = proc.wait(timeout=hook.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise HookError(f"round {k} hook ran past its {hook.timeout_s:g}s timeout; log: {log_path}") from None
-        finally:
-            if proc.poll() is None:  # timeout, or the flow was stopped: nothing of the hook survives
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    printed = log_path.read_bytes()[offset:].decode("utf-8", "replace").splitlines()
-    last = next((line for line in reversed(printed) if line.strip()), "")
-    term.console.print(f"  hook: exited with status {status} after {time.monotonic() - started:.1f}s", highlight=False)
-    if status != 0:
-        raise HookError(f"round {k} hook exited with status {status}; log: {log_path}")
+    last = run_hook(argv, env=env, cwd=hook.cwd, log_path=out / "hook.log", timeout_s=hook.timeout_s,
+                    what=f"round {k} hook")
     reported = pending.read_text(encoding="utf-8") if pending.is_file() else last
     try:
         nxt = next_model(model, reported)
     except ValueError as exc:
-        raise HookError(f"round {k} hook: {exc}; log: {log_path}") from None
+        raise HookError(f"round {k} hook: {exc}; log: {out / 'hook.log'}") from None
     state = {"command": hook.command, "model": nxt.model_dump(mode="json", exclude_none=True)}
     model_file.write_text(json.dumps(state, indent=1))
     pending.unlink(missing_ok=True)

@@ -45,6 +45,9 @@ COMMANDS: dict[str, Command] = {
     "run": Command("flows.cmd_run:run"),
     "serve": Command("flows.cmd_run:serve"),
     "agent-r": Command("flows.cmd_agent_r:agent_r"),
+    "train": Command("flows.cmd_train:train"),
+    "improve": Command("flows.cmd_improve:improve"),
+    "eval": Command("flows.cmd_eval:app", help="Measure a model on an environment's tasks; compare two evals."),
     "envs": Command("flows.cmd_envs:app", help="Environments: list them, check one before a run."),
 }
 

@@ -86,6 +86,7 @@ class AgentPolicy:
         mode: Literal["tools", "text"] = "tools",
         system: str = SYSTEM,
         temperature: float | None = None,
+        seed: int | None = None,
         max_history_chars: int = MAX_HISTORY_CHARS,
     ) -> None:
         self.llm = llm
@@ -94,6 +95,7 @@ class AgentPolicy:
         self.mode = mode
         self.system = system
         self.temperature = temperature
+        self.seed = seed  # sent with every request: samples of one prompt under other seeds are other answers
         self.max_history_chars = max_history_chars
         self.settings = agent_settings(mode, max_history_chars)
         # Cached in the tools format: `_extensible` sees pending calls there; text mode converts after.
@@ -124,6 +126,8 @@ class AgentPolicy:
         params: dict[str, Any] = {}
         if self.temperature is not None:
             params["temperature"] = self.temperature
+        if self.seed is not None:
+            params["seed"] = self.seed
         if self.mode == "tools":
             completions = await self.llm.chat(msgs, tools=self._wire_tools, n=n, **params)
         else:

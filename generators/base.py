@@ -86,18 +86,24 @@ class MethodConfig(BaseModel):
     def output_hash(self) -> str:
         """Hash of what determines the output; throughput knobs are left out on purpose."""
         data = self.model_dump(mode="json", exclude=self.runtime_fields)
-        data["llm"] = {k: v for k, v in data["llm"].items() if k not in _LLM_RUNTIME_KEYS}
+        data["llm"] = _hashed_llm(data["llm"])
         for role in data.values():  # judge, teacher, student: {llm: {...}}
             if isinstance(role, dict) and isinstance(role.get("llm"), dict):
-                role["llm"] = {k: v for k, v in role["llm"].items() if k not in _LLM_RUNTIME_KEYS}
+                role["llm"] = _hashed_llm(role["llm"])
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 _LLM_RUNTIME_KEYS = {
     "max_concurrency", "min_concurrency", "concurrency_increase_after", "request_timeout_s", "max_retries",
-    "backoff_base_s", "backoff_max_s", "cache_path", "ledger_path", "api_key_env", "base_url", "n_threads",
+    "backoff_base_s", "backoff_max_s", "cache_path", "ledger_path", "api_key_env", "base_url", "n_threads", "device",
     "endpoints", "endpoint_failures", "endpoint_probe_s", "endpoint_probe_max_s", "price",
 }
+# Keys added to LLM configs later: hashed only when set, so outputs written before they existed keep their hash.
+_LLM_LATER_KEYS = {"chat_template"}
+
+
+def _hashed_llm(llm: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in llm.items() if k not in _LLM_RUNTIME_KEYS and not (k in _LLM_LATER_KEYS and v is None)}
 
 
 class TaskSpec(BaseModel):

@@ -201,10 +201,10 @@ class EnvMethod(GenerationMethod):
         """How the agent's prompts are rendered (`policy()`), recorded in every trajectory's `details["render"]`."""
         return agent_settings(self.config.agent_mode)
 
-    def policy(self, temperature: float | None = None, *, llm: Any = None) -> AgentPolicy:
+    def policy(self, temperature: float | None = None, *, llm: Any = None, seed: int | None = None) -> AgentPolicy:
         t = self.config.agent_temperature if temperature is None else temperature
         return AgentPolicy(llm or self.llm, self.tools, mode=self.config.agent_mode, temperature=t,
-                           system=self.agent_system())
+                           system=self.agent_system(), seed=seed)
 
     # ---- records --------------------------------------------------------------------------------
 

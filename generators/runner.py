@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from backends.registry import make_llm
-from generators.base import MethodConfig, RunSummary, TaskSpec, llm_config_for
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskSpec, llm_config_for
 from generators.registry import get_method
 from schemas.store import Dataset
 
@@ -30,14 +30,16 @@ async def generate(
     overwrite: bool = False,
     progress: Any = None,
     tasks: Iterable[TaskSpec] | None = None,
+    method_cls: type[GenerationMethod] | None = None,
 ) -> RunSummary:
-    """Run `config`'s method into `output`; resumes a half-finished run of the same config."""
+    """Run `config`'s method (or `method_cls`, one not registered) into `output`; resumes a half-finished run
+    of the same config."""
     output = Path(output)
     ds = Dataset.create(output, stage=f"generate:{config.method}", config_hash=config.output_hash(), overwrite=overwrite)
     ds.recover()
     llm = make_llm(llm_config_for(config, output))
     judge = make_llm(llm_config_for(config, output, "judge")) if config.judge.llm is not None else None
-    method = get_method(config.method)(config, llm)
+    method = (method_cls or get_method(config.method))(config, llm)
     method.judge_model = judge
     try:
         summary = await method.run(method.tasks() if tasks is None else tasks, ds, progress=progress)

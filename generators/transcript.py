@@ -16,17 +16,16 @@ from visible text and kept as the step's `reasoning`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import orjson
 
-from backends.jsonrepair import extract_json, first_balanced_object
+from backends.jsonrepair import first_balanced_object
+# ParsedCall and strip_reasoning are part of this module's interface too (the agent's text mode reads them here).
+from backends.toolcalls import ParsedCall, ToolCallError, load_call, strip_reasoning, tool_call_blocks  # noqa: F401
 from converters.export.request import tools_block  # noqa: F401 - prompts list tools the way agents see them
 from schemas.models import ApiAction, MessageAction, Step, TextObservation
 
 _TURN = re.compile(r"^\s*(USER|ASSISTANT|TOOL)\s*:\s?", re.IGNORECASE | re.MULTILINE)
-_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL | re.IGNORECASE)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|$)", re.DOTALL | re.IGNORECASE)
 _FENCED_JSON = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
 
 FORMAT_HELP = (
@@ -41,44 +40,19 @@ class TranscriptError(ValueError):
     """The text is not a usable transcript; the message says why."""
 
 
-@dataclass(frozen=True)
-class ParsedCall:
-    name: str
-    arguments: object
-
-
-def strip_reasoning(text: str) -> tuple[str, str | None]:
-    """(visible text, hidden reasoning or None)."""
-    thoughts = [m.strip() for m in _THINK.findall(text)]
-    visible = _THINK.sub("", text).strip()
-    return visible, ("\n".join(t for t in thoughts if t) or None)
-
-
 def _load_call(text: str) -> ParsedCall:
     try:
-        data = extract_json(text)
-    except ValueError:
-        raise TranscriptError(f"tool call is not JSON: {text.strip()[:120]!r}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        raise TranscriptError(f"tool call has no string 'name': {text.strip()[:120]!r}")
-    arguments = data.get("arguments", data.get("parameters", {}))
-    if isinstance(arguments, str):
-        # Some models double-encode arguments as a JSON string (the OpenAI wire format).
-        try:
-            arguments = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            raise TranscriptError(f"arguments of {data['name']!r} are not JSON") from None
-    return ParsedCall(data["name"], arguments)
+        return load_call(text)
+    except ToolCallError as exc:
+        raise TranscriptError(str(exc)) from None
 
 
 def parse_assistant(text: str) -> tuple[str, str | None, list[ParsedCall]]:
     """(thought or answer text, reasoning, tool calls) of one assistant turn."""
     visible, reasoning = strip_reasoning(text)
-    blocks = _TOOL_CALL.findall(visible)
-    if blocks:
-        calls = [_load_call(b) for b in blocks if b.strip()]
-        visible = _TOOL_CALL.sub("", visible).strip()
-        return visible, reasoning, calls
+    rest, blocks = tool_call_blocks(visible)
+    if blocks or rest != visible:  # empty blocks are dropped, not read as calls
+        return rest, reasoning, [_load_call(b) for b in blocks]
     fenced = _FENCED_JSON.search(visible)
     candidate = fenced.group(1) if fenced else first_balanced_object(visible)
     if candidate is not None:

@@ -7,6 +7,7 @@ The dataset card shows this section; `docs/export.md` gives the same settings. C
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 TRL_TEMPLATES = (
@@ -42,6 +43,41 @@ def _two_decimals(exact: float, step: int, ok: Callable[[float], bool]) -> float
     return weight
 
 
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The TRL config an export is made for: the objective, the config class and its arguments."""
+
+    objective: str  # sft | dpo | kto
+    config: str  # SFTConfig, DPOConfig, KTOConfig
+    kwargs: dict[str, Any]
+
+    @property
+    def trainer(self) -> str:
+        return self.config.replace("Config", "Trainer")
+
+    def code(self) -> list[str]:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return [f"from trl import {self.config}, {self.trainer}", f"args = {self.config}({args})"]
+
+
+def trainer_settings(data: dict[str, Any]) -> TrainerSettings | None:
+    """The settings of an export's card data (`card.json`) under which its loss masks are exact; None for
+    formats not trained with TRL (openai, sharegpt). `trajforge train` applies exactly these."""
+    fmt = data["format"]
+    if fmt == "trl-sft":
+        return TrainerSettings("sft", "SFTConfig", {"assistant_only_loss": True, "max_length": None})
+    if fmt == "trl-dpo":
+        return TrainerSettings("dpo", "DPOConfig", {"max_length": None})
+    if fmt == "trl-kto":
+        desirable, undesirable = kto_weights(data["distributions"].get("kto_labels", {}))
+        return TrainerSettings("kto", "KTOConfig", {"max_length": None, "desirable_weight": desirable,
+                                                    "undesirable_weight": undesirable})
+    if fmt == "tokenized":
+        limit = (data.get("tokenizer") or {}).get("max_length")
+        return TrainerSettings("sft", "SFTConfig", {"max_length": limit if limit else None})
+    return None
+
+
 def _code(lines: list[str]) -> list[str]:
     return ["```python", *lines, "```", ""]
 
@@ -49,10 +85,11 @@ def _code(lines: list[str]) -> list[str]:
 def training_section(data: dict[str, Any]) -> list[str]:
     """Markdown: the config to train with, and what the export could not express."""
     fmt, settings = data["format"], data["settings"]
+    trainer = trainer_settings(data)
     out = ["## Training", ""]
     if fmt == "trl-sft":
-        out += _code(["from trl import SFTConfig, SFTTrainer",
-                      "args = SFTConfig(assistant_only_loss=True, max_length=None)"])
+        assert trainer is not None
+        out += _code(trainer.code())
         if data["sft_layout"] == "prompt-completion":
             out += ["Loss falls on the assistant tokens of the completion: `completion_only_loss` is TRL's default for "
                     "prompt/completion rows and combines with `assistant_only_loss`, so tool results and user turns "
@@ -64,7 +101,8 @@ def training_section(data: dict[str, Any]) -> list[str]:
                     "assistant message's `train` flag is true. "]
         out += [TRL_TEMPLATES, "", MAX_LENGTH.format(drops=""), ""]
     elif fmt == "trl-dpo":
-        out += _code(["from trl import DPOConfig, DPOTrainer", "args = DPOConfig(max_length=None)"])
+        assert trainer is not None
+        out += _code(trainer.code())
         out += [MAX_LENGTH.format(drops=" and drops every row whose prompt alone fills it (long agent histories "
                                         "often do)"), ""]
         if settings.get("dpo_level") == "trajectory":
@@ -76,9 +114,8 @@ def training_section(data: dict[str, Any]) -> list[str]:
             out += ["Step-level rows: `chosen` and `rejected` are one assistant message each, after the shared history "
                     "(`prompt`), so the preference is learned on the agent's own tokens only.", ""]
     elif fmt == "trl-kto":
-        desirable, undesirable = kto_weights(data["distributions"].get("kto_labels", {}))
-        out += _code(["from trl import KTOConfig, KTOTrainer",
-                      f"args = KTOConfig(max_length=None, desirable_weight={desirable}, undesirable_weight={undesirable})"])
+        assert trainer is not None
+        out += _code(trainer.code())
         out += ["The weights balance this export's desirable / undesirable rows (TRL asks for a weighted ratio in "
                 "[1, 4/3]). " + MAX_LENGTH.format(drops=" and drops rows whose prompt alone fills it"), ""]
         if settings.get("kto_mode") == "trajectory":
@@ -88,9 +125,8 @@ def training_section(data: dict[str, Any]) -> list[str]:
                     "per row.", ""]
     elif fmt == "tokenized":
         tok = data.get("tokenizer") or {}
-        limit = tok.get("max_length")
-        out += _code(["from trl import SFTConfig, SFTTrainer",
-                      f"args = SFTConfig(max_length={limit if limit else None})"])
+        assert trainer is not None
+        out += _code(trainer.code())
         out += ["The rows are already tokenized: TRL uses `input_ids` as they are and turns `assistant_masks` into "
                 "labels whatever `assistant_only_loss` says (leave it unset: it only applies to conversational rows). "
                 f"Tokenizer: `{tok.get('path', '-')}`; message spans from {tok.get('method', '-')}. Every exported row "

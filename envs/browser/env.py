@@ -9,6 +9,7 @@
       max_contexts: 4                       # episodes open at once in this process (one browser, one context each)
       site_dir: path/to/static/site         # or base_url: http://127.0.0.1:8000/ (for relative start URLs)
       allowed_hosts: [cdn.example]          # beyond the start URL's host and loopback (envs/browser/egress.py)
+      actions: [click, type]                # the tools offered (default: all of them)
 
 An episode is one isolated browser context (its own cookies and storage) on the process's shared
 Chromium. Observations are `WebObservation`s: the url, the accessibility tree with element ids
@@ -89,6 +90,7 @@ class BrowserEnv(Environment):
         site_dir: str | None = None,
         solvers: Sequence[str] = (),
         allowed_hosts: Sequence[str] | None = None,
+        actions: Sequence[str] | None = None,
         judge: LLM | None = None,
         max_steps: int = 50,
         user: UserSimulator | None = None,
@@ -112,6 +114,12 @@ class BrowserEnv(Environment):
                 raise ValueError(f"env_config.{key} must be > 0")
         if base_url is not None and site_dir is not None:
             raise ValueError("env_config: give base_url or site_dir, not both")
+        unknown = sorted(set(actions or ()) - set(TOOL_SPECS))
+        if unknown or (actions is not None and not actions):
+            raise ValueError(f"env_config.actions: {'unknown ' + ', '.join(unknown) if unknown else 'empty'} "
+                             f"(choose from {', '.join(TOOL_SPECS)})")
+        # The tools offered to the agent (a small model learns a small action space); others are refused.
+        self.specs = {k: v for k, v in TOOL_SPECS.items() if actions is None or k in actions}
         self.observe = frozenset(wanted)
         self.chromium = chromium
         self.viewport = {"width": int(viewport[0]), "height": int(viewport[1])}
@@ -176,7 +184,7 @@ class BrowserEnv(Environment):
             await self._shared.close_context(context)
 
     def tools(self) -> list[Tool]:
-        return [s.tool() for s in TOOL_SPECS.values()]
+        return [s.tool() for s in self.specs.values()]
 
     def generate_tasks(self, n: int, seed: int = 0) -> list[Task]:
         raise NotImplementedError("the browser environment takes its tasks from a source: "
@@ -275,7 +283,7 @@ class BrowserEnv(Environment):
             return self._finish(action.content, None)
         if not isinstance(action, ApiAction):
             return unsupported(action, "use the browser tools or send a message")
-        reason = validate_call(TOOL_SPECS, action.function, action.arguments)
+        reason = validate_call(self.specs, action.function, action.arguments)
         if reason is not None:
             return refused(action, reason)
         if action.function == FINAL_ANSWER:

@@ -3,7 +3,7 @@
 The tokenizer is a byte-level BPE (any text encodes, as with real models) trained on the export's
 own text, saved as a tokenizer directory and loaded back with `AutoTokenizer.from_pretrained` (a
 tokenizer from local files, like a user's). The model is a randomly initialised Qwen2 with one
-layer. No hub access.
+layer (`model_dir` saves both as a model directory). No hub access.
 
 `loss_tokens` is the check the trainer tests share: given the tokens a trainer computes loss on
 and the conversation they came from, it finds every message's text in the rendered chat and says
@@ -78,6 +78,26 @@ def model(tokenizer: Any) -> Any:
                          num_key_value_heads=1, intermediate_size=64, max_position_embeddings=8192,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     return Qwen2ForCausalLM(config)
+
+
+def model_dir(path: Path, corpus: list[str], template_name: str = "qwen2_5_training") -> Path:
+    """A tiny model directory as `from_pretrained` reads it: the tokenizer (with TRL's `template_name`) and a
+    randomly initialised one-layer Qwen2 (for the transformers backend, `trajforge train`, improve)."""
+    tokenizer_dir(path, template_name, corpus)
+    model(load_tokenizer(path)).save_pretrained(path)
+    return path
+
+
+AGENT_CORPUS = ["Click the OK button.", "RootWebArea 'Click Button Task', focused", "[3] button 'OK'", "URL: http://",
+                '<tool_call>\n{"name": "click", "arguments": {"bid": "3"}}\n</tool_call>', "You are an agent"] * 4
+_SHARED: dict[str, Path] = {}
+
+
+def shared_model_dir(tmp_path_factory: Any) -> Path:
+    """One tiny agent model directory per test process (building it costs seconds), for read-only use."""
+    if "model" not in _SHARED:
+        _SHARED["model"] = model_dir(tmp_path_factory.mktemp("tiny-agent") / "model", AGENT_CORPUS)
+    return _SHARED["model"]
 
 
 def train_args(tmp_path: Path, name: str, batch: int = 2) -> dict[str, Any]:

@@ -127,3 +127,17 @@ def test_cli_decontaminate_drops_tau2_test_overlaps_and_named_items_then_resumes
     export(tmp_path / "out", tmp_path / "sft", ExportConfig(format="trl-sft", include_failed=True))
     card = (tmp_path / "sft" / "README.md").read_text()
     assert "## Decontamination" in card and "| dropped: tau2 test tasks | 20 |" in card
+
+
+def test_a_templated_instruction_counts_only_by_its_n_grams():
+    """MiniWoB's test seeds are references whose words other seeds share by design: no exact or similar match."""
+    from filters.decontam import Reference, ReferenceIndex
+
+    words = "close the dialog box by clicking the x"
+    index = ReferenceIndex([Reference("miniwob/click-dialog/100000", "miniwob test tasks", words, words, templated=True),
+                            Reference("tau2-retail-1", "tau2 test tasks", "cancel my order", "cancel my order")])
+    assert index.match(words, "") is None
+    assert index.match("Cancel my order", "").kind == "exact instruction"  # other references still match
+    long = "please open the settings page and then close the dialog box by clicking the x in its corner"
+    templated = ReferenceIndex([Reference("t", "miniwob test tasks", long, long, templated=True)], ngram=5)
+    assert templated.match("something else", long).kind == "n-gram"

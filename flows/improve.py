@@ -1,0 +1,375 @@
+"""`trajforge improve`: measure a model, make training data, train, measure again, as one Prefect flow.
+
+Stages, each a Prefect task that is skipped when it finished before with the same inputs
+(`<output>/_state/<stage>.json`; the library calls resume what was half done):
+
+1. base      a GGUF base is unpacked once into a Hugging Face directory (`base/`): the evals and
+             training load it in a second instead of converting the GGUF each time;
+2. baseline  `trajforge eval` of the model on the test split (`eval-baseline/`);
+3. data      the pipeline flow as a subflow (`data/`): generate on the train split with any method
+             (`demonstrations` records the environment's reference solutions), then filter, dedup
+             and export as configured;
+4. train     `trajforge train` on the export with the card's settings (`model/`), or the user's
+             command (`train: {command: ...}`);
+5. trained   the same eval of the trained model on the same test tasks (`eval-trained/`);
+6. report    `report.md` / `report.json`: before and after, per task, the paired bootstrap interval
+             of the difference, a plot, and the lineage of every artefact.
+
+Before anything runs, the generation tasks and the test tasks are checked to share no task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from backends.config import LLMConfig
+from flows import console as term
+from flows.hooks import HookError, run_hook
+from flows.improve_config import HookTrain, ImproveConfig, load_improve_config
+from flows.pipeline import output_lock, pipeline_flow
+from flows.pipeline_config import stage_key
+from flows.progress import RichProgress
+
+STATE_DIR = "_state"
+REPORT = "report.json"
+
+
+class ImproveError(ValueError):
+    """The loop cannot run as configured; the message is one line."""
+
+
+# ---- stage state -------------------------------------------------------------------------------
+
+
+def _state_file(cfg: ImproveConfig, stage: str) -> Path:
+    return cfg.root / STATE_DIR / f"{stage}.json"
+
+
+def _done(cfg: ImproveConfig, stage: str, key: str) -> dict[str, Any] | None:
+    try:
+        state = json.loads(_state_file(cfg, stage).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if state.get("key") == key and Path(state.get("output", "")).exists() else None
+
+
+def _record(cfg: ImproveConfig, stage: str, key: str, output: Path, **facts: Any) -> dict[str, Any]:
+    state = {"stage": stage, "key": key, "output": str(output), **facts}
+    path = _state_file(cfg, stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, default=str))
+    tmp.replace(path)
+    return state
+
+
+def _skipped(state: dict[str, Any]) -> dict[str, Any]:
+    term.console.print("  skipped: done before with the same inputs", highlight=False)
+    return state
+
+
+# ---- stages ------------------------------------------------------------------------------------
+
+
+def _task(name: str):
+    # log_prints off: libraries print on purpose into captured stdout (dill disassembles the functions datasets
+    # hashes), which Prefect would log line by line.
+    def deco(fn):
+        return task(name=name, cache_policy=NO_CACHE, persist_result=False, log_prints=False)(fn)
+    return deco
+
+
+def base_source(cfg: ImproveConfig) -> str:
+    if cfg.base:
+        return cfg.base
+    if cfg.llm.model_path:
+        return cfg.llm.model_path
+    from backends.transformers_backend import default_model_path
+
+    return default_model_path()
+
+
+@_task("improve-base")
+def base_stage(cfg: ImproveConfig) -> dict[str, Any]:
+    """The base as a Hugging Face directory (a GGUF file is unpacked into `base/`)."""
+    from training.trainer import file_digest
+
+    source = Path(base_source(cfg))
+    if not source.exists():
+        raise ImproveError(f"base {source}: no such file or directory")
+    digest = file_digest(source)
+    if source.is_dir():
+        return {"stage": "base", "key": digest, "output": str(source), "source": str(source), "sha256": digest}
+    key = stage_key("base", digest)
+    if (done := _done(cfg, "base", key)) is not None:
+        return _skipped(done)
+    from backends.transformers_backend import load_model
+
+    out = cfg.root / "base"
+    model, tokenizer = load_model(str(source), device="cpu", train=True)
+    tmp = cfg.root / ".base.tmp"
+    model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return _record(cfg, "base", key, out, source=str(source), sha256=digest)
+
+
+@_task("improve-eval")
+def eval_stage(cfg: ImproveConfig, name: str, llm: dict[str, Any], model_key: str) -> dict[str, Any]:
+    """`name` is the output folder; `model_key` says which weights are served (a retrained model is evaluated again)."""
+    from evals.report import load_report
+    from evals.run import run_eval
+
+    out = cfg.root / name
+    ecfg = cfg.eval_config(LLMConfig.model_validate(llm))
+    key = stage_key("eval", ecfg.output_hash(), cfg.eval.model_dump(), model_key)
+    if (done := _done(cfg, name, key)) is not None and (out / "eval.json").is_file():
+        return _skipped({**done, "report": load_report(out)})
+    with RichProgress(f"{name} episodes") as progress:
+        report = asyncio.run(run_eval(ecfg, out, split=cfg.eval.split, max_tasks=cfg.eval.tasks, progress=progress))
+    term.console.print(f"  pass@1 {_pct(report['pass@1'])} over {report['scored']} episodes ({report['tasks']} tasks, "
+                       f"split {report['split']}), {report['wall_s']:.0f} s", highlight=False)
+    state = _record(cfg, name, key, out, model=report["model"], split=report["split"], pass1=report["pass@1"])
+    return {**state, "report": report}
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def check_disjoint(cfg: ImproveConfig) -> tuple[int, int]:
+    """(train tasks, test tasks); ImproveError when the generation tasks include a test task."""
+    from envs.spec import EnvFactory, EnvSpec
+    from evals.run import with_split
+    from generators.registry import get_method
+    from generators.runner import load_config
+
+    _, split, test = with_split(cfg.eval_config(), cfg.eval.split)
+    gen = load_config({k: v for k, v in cfg.generate_entry().items() if k != "name"})
+    reads_source = isinstance(gen, EnvSpec) and getattr(get_method(gen.method), "uses_task_source", False)
+    train = EnvFactory(gen).tasks() if reads_source else []
+    test_ids = {t.id for t in test}
+    shared = sorted(test_ids & {t.id for t in train})
+    if shared:
+        raise ImproveError(f"the generation tasks include {len(shared)} of the {len(test_ids)} test tasks "
+                           f"({', '.join(shared[:3])}{', ...' if len(shared) > 3 else ''}): give the task source a test split "
+                           "(tau2's split file; MiniWoB's seeds from 100000) or generate.tasks of their own")
+    if split == "none":
+        term.console.print("[bold yellow]warning:[/] the task source has no splits; the evals run every task",
+                           highlight=False)
+    return len(train), len(test_ids)
+
+
+def data_stage(cfg: ImproveConfig) -> dict[str, Any]:
+    """Generate, filter, dedup and export: the pipeline flow as a subflow into `data/`."""
+    pipeline = {"output": str(cfg.root / "data"), "generate": [cfg.generate_entry()],
+                "export": [cfg.export.format]}
+    if cfg.filter is not None:
+        pipeline["filter"] = cfg.filter.model_dump(mode="json")
+    if cfg.dedup is not None:
+        pipeline["dedup"] = cfg.dedup.model_dump(mode="json")
+    (cfg.root / "data").mkdir(parents=True, exist_ok=True)
+    path = cfg.root / "data" / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    result = pipeline_flow(str(path))
+    exports = [s for s in result["stages"] if s["stage"] == "export"]
+    return {"stage": "data", "output": str(cfg.root / "data"), "export": exports[-1]["output"],
+            "export_key": exports[-1]["key"], "stages": result["stages"]}
+
+
+@_task("improve-train")
+def train_stage(cfg: ImproveConfig, export: str, export_key: str, base: str) -> dict[str, Any]:
+    out = cfg.root / "model"
+    if isinstance(cfg.train, HookTrain):
+        return _hook_train(cfg, cfg.train, export, export_key, base, out)
+    from training.trainer import train
+
+    settings = cfg.train
+    if settings.chat_template is None and cfg.llm.chat_template is not None:
+        settings = settings.model_copy(update={"chat_template": cfg.llm.chat_template})  # what the evals render
+    card = train(export, base, out, settings, log=lambda m: term.console.print(f"  {m}", highlight=False))
+    term.console.print(f"  trained {card['steps']} steps on {card['rows']} rows, loss {card['train_loss']:.4f}, "
+                       f"{card['seconds']:.0f} s", highlight=False)
+    model = {"backend": "transformers", "model_path": str(out)}
+    return {"stage": "train", "key": card["key"], "output": str(out), "card": card, "model": model}
+
+
+def _hook_train(cfg: ImproveConfig, hook: HookTrain, export: str, export_key: str, base: str,
+                out: Path) -> dict[str, Any]:
+    from flows.agent_r_config import next_model
+
+    key = stage_key("train-hook", hook.command, export_key, base)
+    if (done := _done(cfg, "train", key)) is not None:
+        return _skipped(done)
+    out.mkdir(parents=True, exist_ok=True)
+    pending = cfg.root / ".next_model.json"
+    pending.unlink(missing_ok=True)
+    values = {"export": export, "base": base, "output": str(out), "round_dir": str(cfg.root),
+              "next_model_file": str(pending)}
+    argv = [arg.format(**values) for arg in shlex.split(hook.command)]
+    env = {**os.environ, "TRAJFORGE_EXPORT": export, "TRAJFORGE_BASE": base, "TRAJFORGE_OUTPUT": str(out),
+           "TRAJFORGE_NEXT_MODEL_FILE": str(pending)}
+    last = run_hook(argv, env=env, cwd=hook.cwd, log_path=cfg.root / "train-hook.log", timeout_s=hook.timeout_s,
+                    what="train hook")
+    # What the hook reports, in order: a model in $TRAJFORGE_NEXT_MODEL_FILE (JSON fields or a URL: a server it
+    # started), a checkpoint in {output} (served in process), the last line it printed.
+    if pending.is_file() or not (out / "config.json").is_file():
+        reported = pending.read_text(encoding="utf-8") if pending.is_file() else last
+        try:
+            model: dict[str, Any] = next_model(cfg.llm, reported).model_dump(mode="json", exclude_none=True)
+        except ValueError as exc:
+            first = str(exc).splitlines()[0]
+            raise HookError(f"train hook: wrote no model to {out} and reported none ({first}); "
+                            f"log: {cfg.root / 'train-hook.log'}") from None
+    else:
+        model = {"backend": "transformers", "model_path": str(out)}
+    pending.unlink(missing_ok=True)
+    return _record(cfg, "train", key, out, command=hook.command, model=model)
+
+
+def trained_llm(cfg: ImproveConfig, model: dict[str, Any]) -> dict[str, Any]:
+    """The trained model with the baseline's generation settings (tokens, temperature, stop)."""
+    keep = {k: v for k, v in cfg.llm.model_dump(mode="json", exclude_none=True).items()
+            if k in ("max_tokens", "temperature", "top_p", "seed", "stop", "n_threads", "device", "request_timeout_s",
+                     "max_retries", "max_concurrency")}
+    return {**keep, **model}
+
+
+# ---- flow --------------------------------------------------------------------------------------
+
+
+@flow(name="trajforge-improve", log_prints=True)
+def improve_flow(config_path: str, output: str | None = None) -> dict[str, Any]:
+    """The whole loop of the improve config at `config_path` (`output` replaces its output root)."""
+    cfg = load_improve_config(config_path, output)
+    cfg.root.mkdir(parents=True, exist_ok=True)
+    with output_lock(cfg.root):
+        return _run(cfg, config_path)
+
+
+def _stage(n: int, label: str) -> None:
+    term.console.rule(f"[bold]improve {n}/6 {label}", align="left")
+
+
+def _run(cfg: ImproveConfig, config_path: str) -> dict[str, Any]:
+    started = time.time()
+    timings: dict[str, float] = {}
+
+    def timed(name: str, fn: Any, *args: Any) -> Any:
+        t = time.time()
+        result = fn(*args)
+        timings[name] = round(time.time() - t, 1)
+        return result
+
+    train_n, test_n = check_disjoint(cfg)
+    term.console.print(f"improve {describe(cfg.llm)}: {test_n} test task(s), {train_n} generation task(s) -> {cfg.root}",
+                       highlight=False)
+    _stage(1, "base model")
+    base = timed("base", base_stage, cfg)
+    llm = cfg.llm.model_dump(mode="json", exclude_none=True)
+    if cfg.llm.backend == "transformers":
+        llm["model_path"] = base["output"]  # the unpacked base: same weights, loaded in a second
+    _stage(2, "baseline eval (test split)")
+    before = timed("baseline", eval_stage, cfg, "eval-baseline", llm, base["key"])
+    _stage(3, f"training data ({cfg.generate['method']} on the train split, export {cfg.export.format})")
+    data = timed("data", data_stage, cfg)
+    _stage(4, "train")
+    trained = timed("train", train_stage, cfg, data["export"], data["export_key"], base["output"])
+    _stage(5, "eval of the trained model (same test tasks)")
+    after = timed("trained", eval_stage, cfg, "eval-trained", trained_llm(cfg, trained["model"]), trained["key"])
+    _stage(6, "report")
+    report = write_report(cfg, config_path, base, before, data, trained, after, timings, time.time() - started)
+    return report
+
+
+def describe(llm: LLMConfig) -> str:
+    return f"{llm.backend}:{llm.model}" + (f" ({llm.model_path})" if llm.model_path else "")
+
+
+def write_report(cfg: ImproveConfig, config_path: str, base: dict[str, Any], before: dict[str, Any],
+                 data: dict[str, Any], trained: dict[str, Any], after: dict[str, Any], timings: dict[str, float],
+                 seconds: float) -> dict[str, Any]:
+    from evals.compare import compare, markdown, summary_rows
+    from evals.plots import before_after
+
+    result = compare(before["report"], after["report"], seed=cfg.seed)
+    plot = before_after(result["groups"], cfg.root / "plots" / "before_after.png",
+                        "pass@1 before and after training", ("before", "after"))
+    export_card = _read_json(Path(data["export"]) / "card.json")
+    lineage = {
+        "config": str(Path(config_path).resolve()),
+        "base": {k: base.get(k) for k in ("source", "sha256", "output")},
+        "baseline_eval": _eval_lineage(before["report"]),
+        "data": [{"stage": s["stage"], "name": s["name"], "output": s["output"], "counts": s["counts"],
+                  "reason": s["reason"]} for s in data["stages"]],
+        "export": {"output": data["export"], "format": export_card.get("format"), "counts": export_card.get("counts"),
+                   "card_sha256": _sha256(Path(data["export"]) / "card.json")},
+        "model": {"output": trained["output"], "model": trained["model"],
+                  **({k: trained["card"][k] for k in ("objective", "steps", "rows", "train_loss", "learning_rate",
+                                                      "settings", "base", "export", "seconds")}
+                     if "card" in trained else {"command": trained.get("command")})},
+        "trained_eval": _eval_lineage(after["report"]),
+    }
+    out = {"output": str(cfg.root), "seconds": round(seconds, 1), "stage_seconds": timings,
+           "before": _headline(before["report"]), "after": _headline(after["report"]), "comparison": result,
+           "lineage": lineage}
+    (cfg.root / REPORT).write_text(json.dumps(out, indent=1, default=str) + "\n", encoding="utf-8")
+    md = markdown(result, "plots/before_after.png" if plot else None, title="Improve: before and after training")
+    md += "\n## Before and after\n\n| | before | after |\n|---|---|---|\n"
+    for key in ("pass@1", "reward_mean", "steps_mean", "unusable_answers", "episodes", "wall_s"):
+        md += f"| {key} | {_fmt(out['before'][key])} | {_fmt(out['after'][key])} |\n"
+    md += "\n## Lineage\n\n```json\n" + json.dumps(lineage, indent=1, default=str) + "\n```\n"
+    (cfg.root / "report.md").write_text(md, encoding="utf-8")
+    create_markdown_artifact(key="trajforge-improve-report", markdown=md.split("\n## Lineage")[0],
+                             description=f"trajforge improve: before and after training ({cfg.root})")
+    for what, value in summary_rows(result):
+        term.console.print(f"  {what}: {value}", highlight=False)
+    term.console.print(f"report: {cfg.root / 'report.md'}", highlight=False)
+    return out
+
+
+def _headline(report: dict[str, Any]) -> dict[str, Any]:
+    return {"model": report["model"], "pass@1": report["pass@1"], "reward_mean": report["reward_mean"],
+            "steps_mean": report["steps_mean"], "unusable_answers": report["failures"]["unusable_answers"],
+            "failures": report["failures"]["by_criterion"], "episodes": report["scored"], "wall_s": report["wall_s"],
+            "usage": report["usage"], "split": report["split"], "output": report["output"]}
+
+
+def _eval_lineage(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: report[k] for k in ("output", "model", "config_hash", "split", "tasks", "samples", "scored")}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return "n/a" if value is None else str(value)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None

@@ -1,0 +1,102 @@
+"""Demonstrations: an environment's reference solutions, recorded as trajectories (no model acts).
+
+Each task's reference solution (`env.reference_solution`: tau2's gold actions followed by a message
+with what the user must hear, MiniWoB's scripted solvers, a site task's `solution`, the built-in
+worlds' goal actions) is played through the one episode loop by a proposer that replays it. A
+demonstration therefore looks exactly like an agent's episode of the task: the opening, each
+action with the observation it got, and the environment's own evaluation, after the system prompt an
+agent of the same config receives (its first step, as in every environment trajectory). It gives an
+improve loop training data without a strong teacher model.
+
+Tasks without a reference solution are filtered ("no reference solution"); a reference that does
+not solve its task is kept with `success = false` (supervised exports leave it out). The config's
+`llm` is only used by whatever in the world needs a model (a persona user without a model of its
+own); by default there is none.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Literal, Sequence
+
+from pydantic import Field
+
+from backends.config import LLMConfig
+from envs.base import Task
+from generators._episode import play_episode, renumber_calls
+from generators.agent import AgentPolicy, Proposal
+from generators.base import TaskResult, TaskSpec
+from generators.env_method import EnvMethod, EnvMethodConfig
+from generators.failures import episode_failure
+from generators.registry import register_method
+from schemas.models import Action, Provenance, Step, TextObservation
+
+NO_REFERENCE = "no reference solution"
+REFERENCE_MODEL = "reference-solution"
+
+
+class DemonstrationsConfig(EnvMethodConfig):
+    method: Literal["demonstrations"] = "demonstrations"
+    llm: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="fake", model=REFERENCE_MODEL),
+                           description="only for what in the world needs a model (a persona user without its own)")
+
+
+class Replay:
+    """A proposer that knows no model: it proposes the given actions, one per call, in order, after the
+    system step `agent` (the config's agent policy) would open the episode with."""
+
+    def __init__(self, actions: Sequence[Action], agent: AgentPolicy) -> None:
+        self.actions = list(actions)
+        self.agent = agent
+        self.taken = 0
+
+    def system_step(self, guidance: str | None = None) -> TextObservation:
+        return self.agent.system_step(guidance)
+
+    async def propose(self, history: list[Step], *, n: int = 1) -> list[Proposal]:
+        action = self.actions[self.taken]
+        self.taken += 1
+        return [Proposal(action.model_copy(), raw="")] * n
+
+
+@register_method
+class Demonstrations(EnvMethod):
+    """The environment's reference solutions (tau2 gold actions, MiniWoB solvers) recorded as trajectories."""
+
+    name = "demonstrations"
+    Config = DemonstrationsConfig
+    config: DemonstrationsConfig
+
+    def tasks(self) -> Iterable[TaskSpec]:
+        return [TaskSpec(id=task.id, instruction=task.instruction, payload={"task": task.id})
+                for task in self.env_tasks().values()]
+
+    async def run_task(self, spec: TaskSpec) -> TaskResult:
+        task = self.env_tasks()[spec.payload["task"]]
+        result = TaskResult()
+        try:
+            async with self.make_env() as env:
+                actions = await env.reference_solution(task)
+                if actions is None:
+                    result.counts[f"filtered:{NO_REFERENCE}"] += 1
+                    result.reject(self._placeholder(task), "demonstrations", NO_REFERENCE)
+                    return result
+                episode = await play_episode(env, Replay(actions, self.policy()), task, max_steps=max(1, len(actions)))
+        except Exception as exc:  # noqa: BLE001 - classified and quarantined; the run goes on
+            stage, error = episode_failure(exc)
+            result.fail(spec.id, stage, error, {"task": task.id})
+            return result
+        steps = renumber_calls(episode.steps)
+        # The prompts are the ones an agent of this config gets (`details["render"]`); the actions are
+        # the reference's, answers to no request: declared written.
+        written = self.scripted(steps, "the environment's reference solution")["rewrites"]
+        result.trajectories.append(self.trajectory(task, "", steps, episode.evaluation, reference_actions=len(actions),
+                                                   **{**episode.details(), "rewrites": written}))
+        episode.count(result.counts)
+        return result
+
+    def _placeholder(self, task: Task) -> Any:
+        """The record a filtered task leaves: the task, without steps."""
+        return self.trajectory(task, "", [], None)
+
+    def provenance(self, task_id: str, *, parents: Iterable[str] = (), seed: int | None = None) -> Provenance:
+        return super().provenance(task_id, parents=parents, seed=seed).model_copy(update={"model": REFERENCE_MODEL})

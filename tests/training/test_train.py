@@ -1,0 +1,104 @@
+"""`trajforge train` on a real export (retail demonstrations, trl-sft) with a tiny random model: the trainer's own
+batches put loss only where the export's card says, two steps run, and the checkpoint carries its lineage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from converters.export import ExportConfig, export
+from flows.cli import app
+from generators.runner import generate, load_config
+from tests.export import _tiny
+from training.trainer import TrainConfig, TrainError, build_trainer
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    cfg = load_config({"method": "demonstrations", "env": "retail", "tasks": {"n": 4}, "concurrency": 2})
+    asyncio.run(generate(cfg, root / "demos"))
+    export(root / "demos", root / "sft", ExportConfig(format="trl-sft"))
+    return {"root": root, "export": root / "sft", "base": _tiny.shared_model_dir(tmp_path_factory)}
+
+
+def test_the_trainers_batches_carry_loss_on_trainable_assistant_tokens_only(data, tmp_path):
+    run = build_trainer(data["export"], str(data["base"]), tmp_path / "out", TrainConfig(max_steps=2, batch_size=2))
+    assert run.settings.kwargs == {"assistant_only_loss": True, "max_length": None}  # the card's, as they are
+    assert run.trainer.args.assistant_only_loss and run.trainer.args.max_length is None
+    rows = _load(data["export"])
+    total = _tiny.LossCount()
+    for row_id, count in _tiny.sft_counts(run.trainer, run.trainer.processing_class, rows):
+        assert count.environment == 0 and count.context == 0 and count.trainable > 0, (row_id, count)
+        total += count
+    assert total.trainable > 0
+
+
+def test_train_command_writes_a_checkpoint_with_its_lineage_and_does_not_redo_it(data, tmp_path):
+    out = tmp_path / "model"
+    args = ["train", str(data["export"]), "--base", str(data["base"]), "--output", str(out), "--max-steps", "2",
+            "--batch-size", "2", "--seed", "7"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    card = json.loads((out / "train.json").read_text())
+    exported = json.loads((data["export"] / "card.json").read_text())
+    assert card["steps"] == 2 and card["objective"] == "sft" and card["settings"]["seed"] == 7
+    assert card["trl"] == {"config": "SFTConfig", "card_settings": {"assistant_only_loss": True, "max_length": None}}
+    assert card["export"]["records"] == exported["counts"]["records_exported"] == 4
+    assert len((out / "record_ids.txt").read_text().split()) == 4 and card["base"]["sha256"]
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file() and "## " not in card["output"]
+    assert "Trained by `trajforge train`" in (out / "README.md").read_text()
+    # The checkpoint is served as it is (the transformers backend reads the directory and its template).
+    from backends.registry import make_llm
+
+    llm = make_llm({"backend": "transformers", "model_path": str(out), "max_tokens": 2, "max_retries": 0})
+    assert asyncio.run(llm.chat([{"role": "user", "content": "hi"}]))[0].usage.completion_tokens == 2
+    asyncio.run(llm.aclose())
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "already trained" in again.output
+
+
+def test_train_refuses_what_the_card_cannot_train_in_one_line(data, tmp_path):
+    wrong = CliRunner().invoke(app, ["train", str(data["export"]), "--base", str(data["base"]), "--output",
+                                     str(tmp_path / "a"), "--objective", "dpo"])
+    assert wrong.exit_code == 1 and "does not fit a trl-sft export" in wrong.output
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    with pytest.raises(TrainError, match="no {% generation %} markers"):
+        build_trainer(data["export"], str(data["base"]), tmp_path / "b", TrainConfig(chat_template=str(template)))
+    missing = CliRunner().invoke(app, ["train", str(tmp_path), "--base", str(data["base"]), "--output", str(tmp_path / "c")])
+    assert missing.exit_code == 1 and "not an export (no card.json)" in missing.output
+
+
+def _load(export_dir):
+    import datasets
+
+    files = sorted(str(p) for p in (export_dir / "data").glob("train-*.parquet"))
+    return datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(export_dir / ".hf"))
+
+
+@pytest.mark.parametrize("fmt", ["trl-dpo", "trl-kto"])
+def test_preference_exports_train_with_their_objective_and_a_reference_copy(fmt, tmp_path, tmp_path_factory):
+    from tests.export import _data
+    from training.trainer import train
+
+    pair, chosen, rejected = _data.branch_pair()
+    src = _data.store(tmp_path / "src", [_data.labeled_traj(), _data.failed_traj(), _data.tool_traj(), chosen,
+                                         rejected], [pair])
+    export(src, tmp_path / fmt, ExportConfig(format=fmt))
+    card = train(tmp_path / fmt, str(_tiny.shared_model_dir(tmp_path_factory)), tmp_path / "model",
+                 TrainConfig(max_steps=1, batch_size=2, gradient_checkpointing=False), log=lambda m: None)
+    settings = json.loads((tmp_path / fmt / "card.json").read_text())
+    assert card["objective"] == fmt.removeprefix("trl-") and card["steps"] == 1
+    assert card["trl"]["config"] == ("DPOConfig" if fmt == "trl-dpo" else "KTOConfig")
+    if fmt == "trl-kto":  # the weights this export's card computed, applied as they are
+        assert set(card["trl"]["card_settings"]) == {"max_length", "desirable_weight", "undesirable_weight"}
+        assert settings["format"] == "trl-kto"
+    assert (tmp_path / "model" / "model.safetensors").is_file()
