@@ -50,7 +50,7 @@ from envs.base import Environment, Evaluation, Task
 from envs.criteria import CRITERIA_KEYS
 from filters import step_judge
 from generators._episode import act
-from generators.base import RunSummary, TaskResult, TaskSpec
+from generators.base import Role, RoleModel, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.mcts import MCTS, SearchConfig
 from generators.registry import register_method
@@ -135,6 +135,8 @@ class CurriculumConfig(EnvMethodConfig):
     select: int = Field(2, ge=1, description="tasks evolved per round: the in-band ones with the highest reward variance")
     temperature: float = 1.0
     evolve_temperature: float = Field(0.7, ge=0, description="sampling temperature of the task writer")
+    teacher: RoleModel = Field(default_factory=RoleModel,
+                               description="the model that writes the evolved tasks; default: the judge model")
     max_solution_chars: int = Field(4000, ge=200, description="the seed's solved transcript shown to the writer")
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits, description="limits of a code check's verifier")
 
@@ -235,6 +237,7 @@ class Curriculum(EnvMethod):
     Config = CurriculumConfig
     templates = (EVOLVE_SYSTEM, *DIRECTIONS.values(), *CHECKS.values(), EVOLVE_USER)
     config: CurriculumConfig
+    roles = (Role("task writer", "evolves the selected tasks easier and harder", ("teacher", "judge")),)
 
     def __init__(self, config: CurriculumConfig, llm: Any):
         super().__init__(config, llm)
@@ -360,8 +363,9 @@ class Curriculum(EnvMethod):
                                       policy=self._policy_text or "(no rules given)", tools=tools_block(self.tools))
         user = EVOLVE_USER.format(direction=direction, instruction=seed.instruction, rate=rate, spec=spec,
                                   solution=solution)
-        return await self.llm.structured([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                         SCHEMAS[mode], temperature=self.config.evolve_temperature)
+        writer = self.model_for("task writer")
+        return await writer.structured([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                       SCHEMAS[mode], temperature=self.config.evolve_temperature)
 
     def variant_task(self, seed: Task, spec: TaskSpec, answer: _Variant, mode: Mode) -> tuple[Task, list[Action] | None]:
         """The new task (its goal per mode) and the solution to check it with (None: the env's reference solution)."""

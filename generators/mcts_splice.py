@@ -38,7 +38,7 @@ from pydantic import Field
 from envs.base import ACTION_KINDS, Evaluation, Task
 from filters import step_judge, step_rules
 from generators._episode import renumber_calls
-from generators.base import TaskResult, TaskSpec
+from generators.base import Role, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.mcts import MCTS, SearchConfig, Tree
@@ -155,6 +155,14 @@ class MCTSSplice(EnvMethod):
     Config = MCTSSpliceConfig
     templates = (*REVISION_TEMPLATES, REVISION_PROMPT, *step_judge.TEMPLATES)
     config: MCTSSpliceConfig
+    roles = (Role("first-error verifier", "names the first wrong step of a failed path", ("judge",),
+                  by_design="Agent-R has the acting model find its own first error"),
+             Role("revision writer", "writes the revision thought", (),
+                  by_design="the revision is the agent's own thought, trained as its turn"))
+
+    def roles_in_use(self) -> list[Role]:
+        used = {"first-error verifier": self.config.verifier == "llm", "revision writer": self.config.revision == "model"}
+        return [r for r in super().roles_in_use() if used.get(r.name, True)]
 
     def tasks(self) -> Iterable[TaskSpec]:
         return [TaskSpec(id=t.id, instruction=t.instruction) for t in self.env_tasks().values()]
@@ -203,7 +211,7 @@ class MCTSSplice(EnvMethod):
     async def _first_error(self, bad: SearchPath, k: int, b_traj: Trajectory) -> tuple[int, str, str]:
         """(error step index, reason, where it came from); falls back to the divergence point."""
         if self.config.verifier == "llm":
-            index, reason = await step_judge.locate_first_error(self.judge_llm, bad.steps, k)
+            index, reason = await step_judge.locate_first_error(self.model_for("first-error verifier"), bad.steps, k)
             if index is not None:
                 return index, reason, "llm"
         elif self.config.verifier == "rules":

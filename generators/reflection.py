@@ -40,7 +40,7 @@ from envs.base import ACTION_KINDS, Checkpoint, Environment, Task, is_revision, 
 from filters import step_judge, step_rules
 from generators._episode import Correction, act, continue_episode, renumber_calls
 from generators.agent import AgentPolicy, Proposal
-from generators.base import RoleModel, TaskResult, TaskSpec
+from generators.base import Role, RoleModel, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from generators.transcript import tools_block
@@ -197,23 +197,19 @@ class Reflection(EnvMethod):
     config: ReflectionConfig
     uses_task_source = False
 
+    roles = (Role("teacher", "reviews each step and corrects the wrong ones", ("teacher", "judge")),)
+
     def __init__(self, config: ReflectionConfig, llm: Any):
         super().__init__(config, llm)
         self._input: dict[str, Trajectory] | None = None
-        self.teacher_model: LLM | None = None
-
-    def prepare(self, output: Dataset) -> None:
-        super().prepare(output)
-        self.teacher_model = self.role_llm("teacher", output)
 
     @property
     def teacher(self) -> LLM:
         """The teacher: its own model, else the judge model (the acting model itself, warned, when neither is set)."""
-        return self.teacher_model or self.judge_llm
+        return self.model_for("teacher")
 
     def teacher_name(self) -> str:
-        cfg = self.config.teacher.llm or self.config.judge.llm or self.config.llm
-        return f"{cfg.backend}:{cfg.model}"
+        return self.model_name_for("teacher")
 
     def inputs(self) -> dict[str, Trajectory]:
         if self._input is None:

@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field, model_validator
 from backends.errors import LLMRequestError
 from envs.spec import check_env
 from envs.toolspec import load_tools_file
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.seeds import load_seeds
 from generators.transcript import FORMAT_HELP, TranscriptError, parse_transcript, render_transcript, system_text, tools_block
@@ -121,6 +121,10 @@ class SimiaSFT(GenerationMethod):
     Config = SimiaSFTConfig
     templates = (SYSTEM, USER, POLICY, FORMAT_HELP, PREFILTER_SYSTEM, PREFILTER_USER)
     config: SimiaSFTConfig
+    roles = (Role("seed checker", "pre-filters the seeds (complete, consistent, well-formed)", ("judge",)),)
+
+    def roles_in_use(self) -> list[Role]:
+        return list(self.roles) if self.config.prefilter else []
 
     def __init__(self, config: SimiaSFTConfig, llm: Any):
         super().__init__(config, llm)
@@ -203,7 +207,8 @@ class SimiaSFT(GenerationMethod):
         future = self._verdicts.get(index)
         if future is None:
             messages = [{"role": "system", "content": PREFILTER_SYSTEM}, {"role": "user", "content": prompt}]
-            future = asyncio.ensure_future(self.judge_llm.structured(messages, SeedVerdict, temperature=0.0))
+            future = asyncio.ensure_future(self.model_for("seed checker").structured(messages, SeedVerdict,
+                                                                                         temperature=0.0))
             self._verdicts[index] = future
         return future
 
@@ -231,7 +236,7 @@ class SimiaSFT(GenerationMethod):
             if verdict is None:
                 result.fail(task.id, "seed_prefilter", "no valid verdict from the judge", {"seed": seed.id})
                 return result
-            checked = {"usable": verdict.usable, "reason": verdict.reason, "model": self.judge_name}
+            checked = {"usable": verdict.usable, "reason": verdict.reason, "model": self.model_name_for("seed checker")}
             if not verdict.usable:
                 if sample == 0:  # the seed is filtered once; its other samples are only counted
                     rejected = seed.model_copy(update={"details": {**seed.details, "seed_prefilter": checked}})

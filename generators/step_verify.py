@@ -35,7 +35,7 @@ from pydantic import Field
 
 from filters import step_judge, step_rules
 from filters.vision import PageImages
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.transcript import system_text
 from schemas.models import Trajectory
@@ -88,6 +88,10 @@ class StepVerify(GenerationMethod):
     Config = StepVerifyConfig
     templates = step_judge.TEMPLATES
     config: StepVerifyConfig
+    roles = (Role("step judge", "labels every agent step good or bad", ("judge",)),)
+
+    def roles_in_use(self) -> list[Role]:
+        return list(self.roles) if self.config.verifier != "rules" else []
 
     def __init__(self, config: StepVerifyConfig, llm: Any):
         super().__init__(config, llm)
@@ -137,7 +141,7 @@ class StepVerify(GenerationMethod):
         labels: dict[int, tuple[str, str]] = {}
         policy, source = self.policy_of(traj)
         result.counts[f"policy_{source}"] += 1
-        judged = await step_judge.judge_trajectory(self.judge_llm, traj.steps, indices, policy=policy,
+        judged = await step_judge.judge_trajectory(self.model_for("step judge"), traj.steps, indices, policy=policy,
                                                    images=self.images, counts=result.counts,
                                                    page_chars=self.config.max_page_chars)
         for i, j in judged.items():

@@ -52,7 +52,7 @@ from envs.browser.sites import action_log
 from filters.step_judge import describe_page
 from filters.vision import PageImages
 from generators._episode import Episode, play_episode
-from generators.base import TaskResult, TaskSpec
+from generators.base import Role, RoleModel, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.registry import register_method
@@ -143,6 +143,8 @@ class TutorialReplayConfig(EnvMethodConfig):
     success_from: Literal["env", "judge"] = Field(
         "env", description="env: the environment's own check decides where the task has one, else the judge")
     keep_failed: bool = False
+    teacher: RoleModel = Field(default_factory=RoleModel, description="the model that classifies tutorials and writes "
+                                                                      "their specs; default: the judge model")
     max_log_chars: int = Field(6000, ge=500, description="of the action log the judge reads (its end)")
     max_page_chars: int = Field(12000, ge=500, description="of the final page's text the judge reads")
 
@@ -278,6 +280,9 @@ class TutorialReplay(EnvMethod):
                  GUIDANCE, ATTEMPT, JUDGE_SYSTEM, JUDGE_USER)
     uses_task_source: ClassVar[bool] = False
     config: TutorialReplayConfig
+    roles = (Role("classifier", "keeps the tutorials and names their sites", ("teacher", "judge")),
+             Role("spec writer", "turns a tutorial into a task spec", ("teacher", "judge")),
+             Role("judge", "grades each replay", ("judge",)))
 
     def __init__(self, config: TutorialReplayConfig, llm: Any):
         super().__init__(config, llm)
@@ -330,7 +335,7 @@ class TutorialReplay(EnvMethod):
     async def _after_prefilter(self, task: TaskSpec, title: str, text: str, matched: list[str],
                                result: TaskResult) -> None:
         sites = "\n".join(f"- {s.name}: {s.description}" for s in self.sites.values())
-        verdict: Any = await self.llm.structured(
+        verdict: Any = await self.model_for("classifier").structured(
             [{"role": "system", "content": CLASSIFY_SYSTEM.format(sites=sites)},
              {"role": "user", "content": CLASSIFY_USER.format(title=title, text=text)}], self.classification)
         if verdict is None:
@@ -346,7 +351,7 @@ class TutorialReplay(EnvMethod):
                           f"site not served: {verdict.reason}")
             return
         site = self.sites[verdict.site]
-        spec = await self.llm.structured(
+        spec = await self.model_for("spec writer").structured(
             [{"role": "system", "content": SPEC_SYSTEM.format(
                 site=site.name, description=site.description,
                 start=SPEC_START_MINIWOB if site.miniwob else SPEC_START_PAGES,

@@ -63,7 +63,7 @@ from envs.pages import describe_action, page_elements
 from envs.simulated.env import SimulationError
 from envs.simulated.real_states import StateStore, states_from_steps
 from generators._episode import Episode, play_episode
-from generators.base import MAX_TASKS, RoleModel, RunSummary, TaskResult, TaskSpec
+from generators.base import MAX_TASKS, Role, RoleModel, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.page_walk import random_action
 from generators.registry import register_method
@@ -155,6 +155,8 @@ class UISimulatorConfig(EnvMethodConfig):
     rewrite: bool = Field(True, description="relabel kept trajectories with what they actually did")
     keep_failed: bool = False
     grow: bool = False
+    teacher: RoleModel = Field(default_factory=RoleModel, description="the model that explores, proposes tasks, "
+                               "relabels and writes variants; default: the judge model")
     student: RoleModel = Field(default_factory=RoleModel, description="the model being trained, scored by its "
                                "teacher-forcing loss (prompt logprobs); unset: tasks are chosen by success rate")
     band_low: float = Field(0.25, ge=0, le=1, description="lower percentile of student loss (else: success rate)")
@@ -219,6 +221,14 @@ class UISimulator(EnvMethod):
                  VARIANT_SYSTEM, VARIANT_USER, ATTEMPT)
     config: UISimulatorConfig
     uses_task_source = False
+    roles = (Role("proposer", "proposes tasks from the explored pages", ("teacher", "judge")),
+             Role("judge", "grades each attempt", ("judge",)),
+             Role("relabeller", "rewrites a kept attempt's instruction to what it did", ("teacher", "judge")),
+             Role("variant writer", "writes harder and easier variants of the selected tasks", ("teacher", "judge")))
+
+    def roles_in_use(self) -> list[Role]:
+        used = {"relabeller": self.config.rewrite, "variant writer": self.config.grow}
+        return [r for r in super().roles_in_use() if used.get(r.name, True)]
 
     def __init__(self, config: UISimulatorConfig, llm: Any):
         super().__init__(config, llm)
@@ -234,17 +244,14 @@ class UISimulator(EnvMethod):
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         """The proposal rounds, then (grow) one run per generation over the selected tasks' variants."""
         summary = await super().run(tasks, output, progress=progress)
-        try:
-            for depth in range(1, self.config.grow_rounds + 1 if self.config.grow else 1):
-                self.student = self.role_llm("student", output)
-                chosen = await self.select_for_growth(grown_tasks(output, depth - 1), summary)
-                specs = [TaskSpec(id=f"{g.node.task.id}/grow", payload={"grow": decision, **_node_payload(g)})
-                         for g, decision in chosen]
-                if not specs:
-                    break
-                summary = summary.merge(await super().run(specs, output, progress=progress))
-        finally:
-            await self.close_role_llms()
+        self.student = self.field_models.get("student")
+        for depth in range(1, self.config.grow_rounds + 1 if self.config.grow else 1):
+            chosen = await self.select_for_growth(grown_tasks(output, depth - 1), summary)
+            specs = [TaskSpec(id=f"{g.node.task.id}/grow", payload={"grow": decision, **_node_payload(g)})
+                     for g, decision in chosen]
+            if not specs:
+                break
+            summary = summary.merge(await super().run(specs, output, progress=progress))
         return summary
 
     # ---- the round ----------------------------------------------------------------------------
@@ -322,7 +329,7 @@ class UISimulator(EnvMethod):
         result.counts["explored_pages"] += len(pages)
         shown = "\n\n".join(_page_block(i, p, done, self.config.max_page_chars)
                             for i, (p, done) in enumerate(zip(pages, how), 1))
-        proposals = await self.llm.structured(
+        proposals = await self.model_for("proposer").structured(
             [{"role": "system", "content": PROPOSE_SYSTEM},
              {"role": "user", "content": PROPOSE_USER.format(round=r, n=self.config.tasks_per_round,
                                                              tools=tools_block(tools), pages=shown)}], Proposals)
@@ -400,7 +407,7 @@ class UISimulator(EnvMethod):
         if not self.config.rewrite:
             return
         original = trajectory.details["original_instruction"]
-        answer = await self.llm.structured(
+        answer = await self.model_for("relabeller").structured(
             [{"role": "system", "content": REWRITE_SYSTEM},
              {"role": "user", "content": REWRITE_USER.format(instruction=original,
                                                              transcript=self._transcript(trajectory.steps))}], Rewrite)
@@ -538,7 +545,7 @@ class UISimulator(EnvMethod):
 
     async def _variants(self, node: _Node, decision: dict[str, Any], result: TaskResult) -> list[_Node]:
         cfg = self.config
-        answer = await self.llm.structured(
+        answer = await self.model_for("variant writer").structured(
             [{"role": "system", "content": VARIANT_SYSTEM},
              {"role": "user", "content": VARIANT_USER.format(n=cfg.variants_per_task, instruction=node.task.instruction,
                                                              expected=node.expected, successes=node.successes,
