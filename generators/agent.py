@@ -87,8 +87,12 @@ class AgentPolicy:
         system: str = SYSTEM,
         temperature: float | None = None,
         max_history_chars: int = MAX_HISTORY_CHARS,
+        seed: int | None = None,
     ) -> None:
         self.llm = llm
+        # A sampling seed of its own: independent draws of one policy (Monte Carlo rollouts) send the same
+        # prompts with different seeds, so no draw is answered from another's cache entry or in-flight call.
+        self.seed = seed
         self.tools = tools
         self._wire_tools = openai_tools(tools)  # built once: every proposal sends the same specs
         self.mode = mode
@@ -124,6 +128,8 @@ class AgentPolicy:
         params: dict[str, Any] = {}
         if self.temperature is not None:
             params["temperature"] = self.temperature
+        if self.seed is not None:
+            params["seed"] = self.seed
         if self.mode == "tools":
             completions = await self.llm.chat(msgs, tools=self._wire_tools, n=n, **params)
         else:

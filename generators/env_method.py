@@ -204,10 +204,11 @@ class EnvMethod(GenerationMethod):
         """How the agent's prompts are rendered (`policy()`), recorded in every trajectory's `details["render"]`."""
         return agent_settings(self.config.agent_mode)
 
-    def policy(self, temperature: float | None = None, *, llm: Any = None) -> AgentPolicy:
+    def policy(self, temperature: float | None = None, *, llm: Any = None, draw: int | None = None) -> AgentPolicy:
+        """The agent; `draw` k makes it independent draw k of the run (sampling seed `seed + k`)."""
         t = self.config.agent_temperature if temperature is None else temperature
         return AgentPolicy(llm or self.llm, self.tools, mode=self.config.agent_mode, temperature=t,
-                           system=self.agent_system())
+                           system=self.agent_system(), seed=None if draw is None else self.config.seed + draw)
 
     # ---- records --------------------------------------------------------------------------------
 

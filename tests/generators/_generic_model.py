@@ -6,7 +6,8 @@
 - Agent requests (tools in the request) follow the task's reference solution where the test gives
   one (`references`: task instruction -> actions): the next reference action not yet taken
   successfully. In an n-sample request, odd samples give up instead (a premature final message),
-  so searches see good and bad siblings. Without a reference, the agent calls the
+  so searches see good and bad siblings; so does a request sampled with an odd seed (an independent
+  draw: curriculum attempts, Monte Carlo step values), so draws vary. Without a reference, the agent calls the
   first tool with schema-valid arguments once, then answers.
 - A teacher reviewing a step (reflection) calls it wrong when it is not the next reference action
   (a premature final message included) and corrects it with that action; without references, a
@@ -128,7 +129,9 @@ class GenericModel:
 
     def _agent(self, body: dict[str, Any]) -> Any:
         best = self._next(body)
-        return Samples([best, GIVE_UP]) if int(body.get("n") or 1) > 1 else best
+        if int(body.get("n") or 1) > 1:
+            return Samples([best, GIVE_UP])
+        return GIVE_UP if int(body.get("seed") or 0) % 2 else best
 
     def _next(self, body: dict[str, Any]) -> Any:
         messages = body["messages"]
