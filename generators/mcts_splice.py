@@ -5,10 +5,11 @@ history plus its greedy rollout; content-identical paths count once), split them
 (outcome >= alpha) and bad (below alpha), and match each bad path with the good path that
 shares its longest prefix (outcome gap >= beta). Each match gives:
 
-- a spliced trajectory: shared prefix (trained) + the bad steps up to and including the first
-  error and its observation (train = false: Agent-R masks the loss on the bad segment, they stay
-  as context) + a revision thought + the good path's continuation from the shared prefix
-  (trained). The first error comes from the verifier model (`verifier: llm`, per-step
+- a spliced trajectory: the bad path up to and including the first error and its observation,
+  all context with the loss masked as Agent-R masks it (the prefix shared with the good path
+  included: its actions are marked `extra["masked"] = "context"`, taken in the world; the bad
+  segment after it is the branch not taken) + a revision thought + the good path's continuation
+  from the shared prefix (trained). The first error comes from the verifier model (`verifier: llm`, per-step
   Good/Bad/Uncertain, first Bad at or after the divergence), the step rules (`rules`), or is the
   divergence point itself (`divergence`; also the fallback when none is named).
   The revision thought is a `MessageAction` tagged `extra["kind"] = "revision"`: it renders as an
@@ -35,7 +36,7 @@ from typing import Any, Iterable, Literal
 
 from pydantic import Field
 
-from envs.base import ACTION_KINDS, Evaluation, Task
+from envs.base import ACTION_KINDS, MASKED_CONTEXT, Evaluation, Task
 from filters import step_judge, step_rules
 from generators._episode import renumber_calls
 from generators.base import Role, TaskResult, TaskSpec
@@ -134,17 +135,23 @@ def match_paths(paths: list[SearchPath], alpha: float, beta: float, limit: int) 
 
 
 def splice(prefix_len: int, bad: list[Step], good: list[Step], error: int, revision: str) -> tuple[list[Step], list[int]]:
-    """prefix + bad[prefix_len..error] and its observation (masked) + revision + good continuation.
+    """bad[:error] and the error's observation (all loss-masked) + revision + good continuation.
 
-    Returns the steps and the indices with train = false.
+    As Agent-R, the loss falls on the revision and what follows only: the bad path before it is context, the
+    prefix it shares with the good path included. The prefix's actions are marked `extra["masked"] =
+    "context"` (the world went through them: replays take them); the bad segment after it is the branch not
+    taken. Returns the steps and the indices with train = false (the prefix's actions, the bad segment).
     """
     end = error + 1
     if end < len(bad) and bad[end].kind not in ACTION_KINDS:
         end += 1  # the erroneous action's observation is part of the masked segment
+    head = [s.model_copy(update={"train": False, "extra": {**s.extra, "masked": MASKED_CONTEXT}})
+            if s.kind in ACTION_KINDS and s.train else s for s in bad[:prefix_len]]
     masked_part = [s.model_copy(update={"train": False}) for s in bad[prefix_len:end]]
     thought = MessageAction(content=revision, extra={"kind": "revision"})
-    steps = renumber_calls(list(bad[:prefix_len]) + masked_part + [thought] + list(good[prefix_len:]))
-    return steps, list(range(prefix_len, end))
+    steps = renumber_calls(head + masked_part + [thought] + list(good[prefix_len:]))
+    masked = [i for i, s in enumerate(bad[:prefix_len]) if s.kind in ACTION_KINDS and s.train]
+    return steps, masked + list(range(prefix_len, end))
 
 
 @register_method

@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from backends.base import LLM
 from converters.export.request import request_for
-from envs.base import ACTION_KINDS, Checkpoint, Environment, Task, is_revision, restore, transitions
+from envs.base import ACTION_KINDS, Checkpoint, Environment, Task, is_revision, restore, transitions, undone
 from filters import step_judge, step_rules
 from generators._episode import Correction, act, continue_episode, renumber_calls
 from generators.agent import AgentPolicy, Proposal
@@ -121,7 +121,7 @@ class ReplayThenAgent:
 
     def __init__(self, recording: Trajectory, agent: AgentPolicy) -> None:
         steps = recording.steps
-        self.recorded = deque(i for i, s in enumerate(steps) if s.kind in ACTION_KINDS and s.train
+        self.recorded = deque(i for i, s in enumerate(steps) if s.kind in ACTION_KINDS and not undone(s)
                               and not is_revision(s))  # the moves `transitions` replays
         self.steps = steps
         self.opening = steps[0] if steps and is_system_step(steps[0]) else None
