@@ -149,7 +149,8 @@ class UISimulatorConfig(EnvMethodConfig):
                                     "simulated one) are recorded, for seeding the simulated web env (a JSONL path, "
                                     "relative to the output directory); null: not recorded")
     attempts: int = Field(2, ge=1, description="rollouts per proposed task")
-    max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")
+    max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped (not with grow: "
+                                                  "growth measures each task over all its attempts)")
     max_steps: int = Field(12, ge=1)
     max_parse_failures: int = Field(2, ge=1)
     rewrite: bool = Field(True, description="relabel kept trajectories with what they actually did")
@@ -388,7 +389,9 @@ class UISimulator(EnvMethod):
                 result.trajectories.append(trajectory)
             else:
                 result.reject(trajectory, "completion", reason)
-            if len(node.failures) >= cfg.max_failures:
+            if len(node.failures) >= cfg.max_failures and not cfg.grow:
+                # Grow measures every task over all its attempts (its success rate, its kept trajectories):
+                # a task cut short at max_failures could only ever be selected with fewer failures than that.
                 result.counts["dropped_tasks"] += 1
                 break
 
@@ -460,8 +463,7 @@ class UISimulator(EnvMethod):
     async def select_for_growth(self, pool: list[_Grown], summary: RunSummary) -> list[tuple[_Grown, dict[str, Any]]]:
         """The tasks to grow, each with why: by the student's loss band, else (warned, counted) by success rate."""
         cfg = self.config
-        live = [g for g in pool if len(g.node.failures) < cfg.max_failures]  # dropped tasks are not grown
-        summary.counts["grow_dropped_tasks"] += len(pool) - len(live)
+        live = pool  # with grow every task had all its attempts (max_failures drops none)
         if self.student is None:
             why = "no student model is configured (student.llm)"
         else:

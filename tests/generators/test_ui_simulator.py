@@ -162,6 +162,38 @@ def test_grow_without_a_student_needs_four_attempts():
         load_config(_config("http://127.0.0.1:9/v1", attempts=2))
 
 
+def test_grow_by_success_rate_measures_every_task_over_all_its_attempts(tmp_path):
+    """Success rates over 4 attempts can be 1/4, 2/4 or 3/4 inside the band: a task failed twice is not dropped
+    before its rate is known (with max_failures 2 it would be, and the band could only hold 3 of 4)."""
+    solved = {"Task half.": (1, 2), "Task quarter.": (3,), "Task always.": (1, 2, 3, 4), "Task never.": ()}
+
+    def rules(body: dict):
+        prompt = _first_user(body)
+        if body.get("tools"):
+            return "Done." if _attempt(body) in solved[prompt] else "I could not."
+        if prompt.startswith("PROPOSE TASKS"):
+            return {"tasks": [{"instruction": t, "expected_outcome": "done"} for t in solved]}
+        if prompt.startswith("JUDGE TASK COMPLETION"):
+            ok = "Done." in prompt.split("Transcript:", 1)[1]
+            return {"reasoning": "done" if ok else "not done", "success": ok}
+        if prompt.startswith("GROW TASK VARIANTS"):
+            task = prompt.split("Task: ", 1)[1].split("\n", 1)[0]
+            return {"variants": [{"instruction": f"{task} Twice.", "expected_outcome": "done", "direction": "harder"}]}
+        return None
+
+    config = _config("", env="web", env_config={"seed": 0}, rounds=1, tasks_per_round=4, walk_steps=0, attempts=4,
+                     max_failures=2, rewrite=False)
+    with FakeServer(rules=[Rule(fn=rules)]) as server:
+        config["llm"]["base_url"] = server.base_url
+        summary = asyncio.run(generate(load_config(config), tmp_path / "out"))
+        grown = sorted(_first_user(e["body"]).split("Task: ", 1)[1].split("\n", 1)[0] for e in server.log
+                       if "body" in e and _first_user(e["body"]).startswith("GROW TASK VARIANTS"))
+    assert grown == ["Task half.", "Task quarter."]
+    variants = [t for t in Dataset.open(tmp_path / "out").iter_records() if t.details["task"]["depth"] == 1]
+    assert {t.details["grow"]["success_rate"] for t in variants} <= {0.25, 0.5}
+    assert summary.counts["attempts"] >= 16 and "dropped_tasks" not in summary.counts
+
+
 LOSSES = {"Task A.": 0.5, "Task B.": 1.0, "Task C.": 2.0, "Task D.": 3.0, "Task E.": 4.0}
 
 
