@@ -75,11 +75,14 @@ def test_pairs_share_exactly_their_prefix(result):
         k = pair.prefix_len
         assert chosen.steps[:k] == rejected.steps[:k]
         assert chosen.steps[k] != rejected.steps[k] and chosen.steps[k].kind in ("api", "message")
-        assert pair.chosen_reward == 1.0 and pair.rejected_reward == 0.0
         if pair.level == "step":
             assert len(chosen.steps) == len(rejected.steps) == k + 1
+            # IPR's step rewards: the mean outcome of 5 seeded rollouts from after each step (draws 0 and 4 of the
+            # scripted agent solve the task; after the wrong cancel nothing can).
+            assert (pair.chosen_reward, pair.rejected_reward) == (0.4, 0.0)
         else:
             assert chosen.success and not rejected.success
+            assert pair.chosen_reward == 1.0 and pair.rejected_reward == 0.0
 
 
 def test_first_error_sources():
@@ -165,3 +168,30 @@ def test_the_whole_bad_path_before_the_revision_is_masked_and_still_replays(resu
     # A replay goes through the shared prefix and the good continuation, not the undone wrong cancel.
     replayed = [a.function for a, _ in transitions(s.steps) if a.kind == "api"]
     assert replayed == ["find_user_id_by_name_zip", "get_order_details", "cancel_pending_order"]
+
+
+def test_step_pairs_come_from_monte_carlo_step_rewards(result):
+    """IPR: each compared step's reward is the mean outcome of N rollouts from the state after it; a step pair is
+    made only when one side is better by its path's final reward and by its step reward (each by more than a
+    threshold), and the pair carries both estimates."""
+    steps = [p for p in result.pairs if p.level == "step"]
+    assert steps and result.counts["ipr_step_pairs"] == len(steps)
+    for pair in steps:
+        values = pair.details["step_values"]
+        assert values["method"] == "monte_carlo" and values["rollouts"] == 5 and values["expert"] == "chosen"
+        assert values["chosen"]["rewards"] == [1.0, 0.0, 0.0, 0.0, 1.0] and values["chosen"]["value"] == 0.4
+        assert values["rejected"]["rewards"] == [0.0] * 5 and values["rejected"]["final_reward"] == 0.0
+        assert (pair.chosen_reward, pair.rejected_reward) == (values["chosen"]["value"], values["rejected"]["value"])
+    # One estimate per distinct step history (the good path's step is shared by its pairs), 5 rollouts each.
+    assert result.counts["ipr_rollouts"] % 5 == 0 and result.counts["ipr_rollouts"] > 0
+
+
+def test_ipr_rule():
+    from generators.mcts_splice import ipr_preference
+
+    assert ipr_preference(1.0, 0.0, 0.4, 0.0, 0.01, 0.01) == "expert"
+    assert ipr_preference(0.0, 1.0, 0.2, 0.6, 0.01, 0.01) == "agent"
+    # A better final reward with an equal step reward is a tie: the step itself was not what made the difference.
+    assert ipr_preference(1.0, 0.0, 0.4, 0.4, 0.01, 0.01) is None
+    assert ipr_preference(1.0, 0.0, 0.4, 0.6, 0.01, 0.01) is None  # the two criteria disagree
+    assert ipr_preference(1.0, 1.0, 0.8, 0.2, 0.01, 0.01) is None  # equal outcomes
