@@ -171,15 +171,29 @@ async def judge_trajectory(llm: LLM, steps: Sequence[Step], indices: Sequence[in
     return dict(zip(indices, answers))
 
 
-def numbered_path(steps: Sequence[Step]) -> str:
+def numbered_path(steps: Sequence[Step], page_chars: int = PATH_PAGE_CHARS) -> str:
     """The steps as numbered lines; the agent's system prompt is left out (indices stay the steps')."""
     lines = []
     for i, s in enumerate(steps):
         if is_system_step(s):
             continue
         tag = f"[{i}] AGENT" if s.kind in ACTION_KINDS else "    SEEN"
-        lines.append(f"{tag}: {describe(s, PATH_PAGE_CHARS)}")
+        lines.append(f"{tag}: {describe(s, page_chars)}")
     return "\n".join(lines)
+
+
+def screenshots(steps: Sequence[Step], limit: int) -> list[ImageRef]:
+    """The pages' screenshots in order, at most `limit`: the first page's and the last ones' (where a trajectory
+    ends is what decides it)."""
+    shots = [s.screenshot for s in steps if isinstance(s, WebObservation) and s.screenshot is not None]
+    if len(shots) <= limit:
+        return shots
+    return (shots[:1] + shots[len(shots) - limit + 1:]) if limit > 1 else shots[-limit:]
+
+
+def cut_head(text: str, limit: int) -> str:
+    """`text`'s end, at most `limit` characters (a long trajectory's end is what decides it)."""
+    return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
 async def locate_first_error(llm: LLM, steps: Sequence[Step], start: int = 0) -> tuple[int | None, str]:
