@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from backends.errors import LLMRequestError
 from envs.spec import check_env
+from envs.tasks import TaskSourceConfig
 from envs.toolspec import load_tools_file
 from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
@@ -88,6 +89,8 @@ class SimiaSFTConfig(MethodConfig):
     max_seeds: int | None = Field(None, ge=1)
     temperature: float = 0.8
     max_seed_chars: int = Field(6000, description="longer seed transcripts are cut to keep prompts small")
+    tasks: TaskSourceConfig | None = Field(None, description="the environment's tasks, for `trajforge envs check "
+                                                             "--config` (Simia itself writes from its seeds)")
 
     @model_validator(mode="after")
     def _one_source_each(self) -> SimiaSFTConfig:

@@ -31,8 +31,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from envs.spec import check_env
+from envs.tasks import TaskSourceConfig
 from filters import step_judge, step_rules
 from filters.vision import PageImages
 from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
@@ -63,6 +65,17 @@ class StepVerifyConfig(MethodConfig):
                                                  "system turn, else its environment's policy)")
     max_page_chars: int = Field(step_judge.PAGE_CHARS, ge=200,
                                 description="text of each web page before and after a judged step")
+    # The world the input was recorded in, optional: `trajforge envs check --config` checks it, and its policy is
+    # the judge's rules for trajectories that carry none of their own and record no environment.
+    env: str | None = Field(None, description="the environment the input trajectories were recorded in")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="its settings")
+    tasks: TaskSourceConfig | None = Field(None, description="its tasks, for `trajforge envs check --config`")
+
+    @model_validator(mode="after")
+    def _known_env(self) -> StepVerifyConfig:
+        if self.env:
+            check_env(self.env, self.env_config)
+        return self
 
 
 def agreement_report(counts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -119,6 +132,10 @@ class StepVerify(GenerationMethod):
         env = traj.details.get("env")
         if isinstance(env, dict) and isinstance(env.get("name"), str):
             policy = self._env_policy(env["name"], step_rules.env_config_of(traj))
+            if policy:
+                return policy, "env"
+        if self.config.env:
+            policy = self._env_policy(self.config.env, self.config.env_config)
             if policy:
                 return policy, "env"
         return None, "none"

@@ -136,7 +136,9 @@ def _config(method: str, world: str, inputs: Path | None) -> dict[str, Any]:
         "curriculum": {**base, "rollouts": 2, "generations": int(world == "mcp"), "select": 1, "max_steps": 8},
         "reflection": {**base, "input": str(inputs), "max_steps": 8},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
-        "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4},
+        # Relabelling rewrites every action's thought (declared written): without it the agent's rows are checked.
+        "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4,
+                         "rewrite": False},
         "tutorial_replay": {**base, "tutorials": [str(TUTORIAL)], "keywords": ["login"],
                             "sites": [{"name": "miniwob", "description": "MiniWoB++ task pages", "miniwob": True}],
                             "max_steps": 6},
