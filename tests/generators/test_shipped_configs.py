@@ -32,7 +32,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from backends.fake_server import FakeServer, Rule, Samples, ToolCallAnswer
+from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from envs.browser.solvers import parse_axtree
 from envs.spec import EnvFactory, EnvSpec
 from flows.cli import app
