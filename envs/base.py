@@ -383,16 +383,27 @@ def is_revision(step: Step) -> bool:
     return step.kind == "message" and step.extra.get("kind") == "revision"
 
 
+# `extra["masked"]` of a step kept as context with its loss masked that the world did go through (Agent-R's
+# bad path before its revision, the prefix it shares with the good path included): replays take it.
+MASKED_CONTEXT = "context"
+
+
+def undone(step: Step) -> bool:
+    """A masked step of a branch the record does not continue from (train = false: the bad segment of a spliced
+    or reflected trajectory); a step masked only from the loss (`extra["masked"] == "context"`) is not."""
+    return not step.train and step.extra.get("masked") != MASKED_CONTEXT
+
+
 def transitions(steps: Sequence[Step]) -> list[tuple[Action, Observation | None]]:
     """The moves of a recorded history: each action with the observation that answered it.
 
     Revision thoughts and failed steps (the agent's unreadable text) were never sent to the world,
-    and masked actions (train = false: the bad branch of a spliced or reflected trajectory) belong
-    to a branch the rest of the record does not continue from: all are skipped.
+    and undone actions (the bad branch of a spliced or reflected trajectory) belong to a branch the
+    rest of the record does not continue from: all are skipped.
     """
     out: list[tuple[Action, Observation | None]] = []
     for i, step in enumerate(steps):
-        if step.kind not in ACTION_KINDS or is_revision(step) or not step.train:
+        if step.kind not in ACTION_KINDS or is_revision(step) or undone(step):
             continue
         nxt = steps[i + 1] if i + 1 < len(steps) and steps[i + 1].kind not in ACTION_KINDS else None
         out.append((step, nxt))  # type: ignore[arg-type]

@@ -76,7 +76,7 @@ class Evaluate(EnvMethod):
         started = time.perf_counter()
         try:
             async with self.make_env() as env:
-                episode = await play_episode(env, self.policy(seed=self.config.seed + k), task,
+                episode = await play_episode(env, self.policy(draw=k), task,
                                              max_steps=self.config.max_steps,
                                              max_parse_failures=self.config.max_parse_failures)
         except Exception as exc:  # noqa: BLE001 - classified and quarantined; the run goes on

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from backends.base import LLM
 from filters.vision import PageImages
 from schemas.models import ImageRef, Step, Trajectory, WebObservation, is_system_step
+from schemas.models import task_text as schema_task_text
 
 ACTION_KINDS = ("api", "code", "message")
 PAGE_CHARS = 6000  # of a page's text before and after a judged step
@@ -73,13 +74,15 @@ def action_indices(steps: Sequence[Step]) -> list[int]:
 
 
 def task_text(steps: Sequence[Step]) -> str:
-    """The task as the agent got it: the first observation that is not the agent's (nor its system prompt)."""
-    for s in steps:
-        if s.kind == "text" and s.source != "agent" and not is_system_step(s):
-            return s.content
-        if s.kind in ACTION_KINDS:
-            break
-    return ""
+    """The task as the agent got it: the user's first request (after any system turn, named so or not: converted
+    data keeps its system prompt as environment text); without one, the text before the first action that is
+    not the system prompt (a world whose task comes from the environment, as ALFWorld's)."""
+    request = schema_task_text(steps)
+    if request is not None:
+        return request
+    texts = [s for s in steps[: next((i for i, s in enumerate(steps) if s.kind in ACTION_KINDS), len(steps))]
+             if s.kind == "text" and s.source != "agent" and not is_system_step(s)]
+    return texts[-1].content if texts else ""
 
 
 def _cut(text: str, limit: int) -> str:
@@ -168,15 +171,29 @@ async def judge_trajectory(llm: LLM, steps: Sequence[Step], indices: Sequence[in
     return dict(zip(indices, answers))
 
 
-def numbered_path(steps: Sequence[Step]) -> str:
+def numbered_path(steps: Sequence[Step], page_chars: int = PATH_PAGE_CHARS) -> str:
     """The steps as numbered lines; the agent's system prompt is left out (indices stay the steps')."""
     lines = []
     for i, s in enumerate(steps):
         if is_system_step(s):
             continue
         tag = f"[{i}] AGENT" if s.kind in ACTION_KINDS else "    SEEN"
-        lines.append(f"{tag}: {describe(s, PATH_PAGE_CHARS)}")
+        lines.append(f"{tag}: {describe(s, page_chars)}")
     return "\n".join(lines)
+
+
+def screenshots(steps: Sequence[Step], limit: int) -> list[ImageRef]:
+    """The pages' screenshots in order, at most `limit`: the first page's and the last ones' (where a trajectory
+    ends is what decides it)."""
+    shots = [s.screenshot for s in steps if isinstance(s, WebObservation) and s.screenshot is not None]
+    if len(shots) <= limit:
+        return shots
+    return (shots[:1] + shots[len(shots) - limit + 1:]) if limit > 1 else shots[-limit:]
+
+
+def cut_head(text: str, limit: int) -> str:
+    """`text`'s end, at most `limit` characters (a long trajectory's end is what decides it)."""
+    return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
 async def locate_first_error(llm: LLM, steps: Sequence[Step], start: int = 0) -> tuple[int | None, str]:

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Collection, Literal
 
-from envs.base import ACTION_KINDS, Environment, Task, is_revision
+from envs.base import ACTION_KINDS, Environment, Task, is_revision, undone
 from schemas.models import ApiAction, Step, Trajectory
 
 
@@ -103,9 +103,9 @@ async def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
         for i, step in enumerate(traj.steps):
             if step.kind not in ACTION_KINDS or is_revision(step):
                 continue
-            if not step.train and before_masked is None:
+            if undone(step) and before_masked is None:
                 before_masked = env.snapshot()
-            elif step.train and before_masked is not None:
+            elif not undone(step) and before_masked is not None:
                 env.restore(before_masked)  # the trajectory continues from before the masked branch
                 before_masked = None
             if env.done:
@@ -194,9 +194,9 @@ def reference_labels(traj: Trajectory, task: Task, read_only: Collection[str] | 
     for i, step in enumerate(traj.steps):
         if step.kind not in ACTION_KINDS or is_revision(step):
             continue
-        if not step.train and before_masked is None:
+        if undone(step) and before_masked is None:
             before_masked = set(matched)
-        elif step.train and before_masked is not None:
+        elif not undone(step) and before_masked is not None:
             matched, before_masked = before_masked, None  # the masked branch was undone
         if step.kind != "api":
             continue

@@ -18,7 +18,7 @@ from flows.config_file import ConfigFileError
 from flows.console import console, err_console, fail, read_config_mapping
 from flows.preflight import check_generate_config
 from flows.progress import RichProgress
-from generators.base import RunSummary
+from generators.base import RunSummary, describe_role
 from generators.runner import generate as run_generation
 from generators.runner import load_config
 from schemas.store import StoreError
@@ -72,6 +72,10 @@ def generate(
         # The tasks file's path came from the config: name both, the path may be the damage.
         fail(f"{exc} (tasks of {config or 'the config'})")
     print_summary(summary)
+    for name, info in summary.roles.items():
+        if info["played_by"] != "own model":
+            err_console.print(f"[bold yellow]note:[/] the {name} was {describe_role(info)}: records say so "
+                              "(details.actor_roles, the export card)", highlight=False)
     for note in nothing_notes(summary):
         err_console.print(f"[bold yellow]note:[/] {note}", highlight=False)
     if failed_everything(summary):
@@ -120,6 +124,8 @@ def print_summary(summary: RunSummary) -> None:
         table.add_row(f"  rejected: {reason}", str(n))
     for name, value in data["report"].items():
         table.add_row(name, _measure(value))
+    for name, info in data["roles"].items():
+        table.add_row(f"role: {name}", describe_role(info))
     llm = data["llm"]
     for key in ("requests", "cache_hits", "calls", "retries", "failovers", "failures", "truncated", "unusable",
                 "prompt_tokens", "completion_tokens"):
@@ -132,9 +138,10 @@ def print_summary(summary: RunSummary) -> None:
                       f"{usage['calls']:,} calls, {usage['cached']:,} from cache; tokens {usage['prompt_tokens']:,} "
                       f"prompt / {usage['completion_tokens']:,} completion; cost "
                       + ("unknown" if usage["cost_usd"] is None else f"${usage['cost_usd']:,.4f}"))
-    judge = llm.get("judge") or {}
-    for key in ("calls", "cache_hits", "failures") if judge else ():
-        table.add_row(f"judge LLM {key.replace('_', ' ')}", f"{judge.get(key, 0):,}")
+    for role, stats in llm.items():  # the role models' own clients (judge, teacher, student)
+        if isinstance(stats, dict) and "calls" in stats and role != "endpoints":
+            for key in ("calls", "cache_hits", "failures"):
+                table.add_row(f"{role} LLM {key.replace('_', ' ')}", f"{stats.get(key, 0):,}")
     console.print(table)
     if llm.get("endpoints"):
         console.print(endpoint_table(llm["endpoints"]))

@@ -97,6 +97,20 @@ def usage_line(stage: dict[str, Any]) -> str | None:
             f"tokens {totals['prompt_tokens']:,} prompt / {totals['completion_tokens']:,} completion, cost {cost}")
 
 
+def role_lines(stage: dict[str, Any]) -> list[str]:
+    """Who played each role beside the acting model in a generate stage (its dataset's last run)."""
+    if stage["stage"] != "generate":
+        return []
+    from generators.base import describe_role
+    from schemas.store import Dataset
+
+    try:
+        roles = (Dataset.open(stage["output"]).manifest().get("last_run") or {}).get("roles") or {}
+    except Exception:  # noqa: BLE001 - a summary line is not worth failing the summary for
+        return []
+    return [f"  generate {stage['name']}: {name} = {describe_role(info)}" for name, info in roles.items()]
+
+
 def print_run_summary(result: dict[str, Any]) -> None:
     stages = result["stages"]
     table = Table(title="pipeline summary", title_justify="left")
@@ -115,6 +129,8 @@ def print_run_summary(result: dict[str, Any]) -> None:
     for s in stages:
         if (line := success_line(s)) is not None:  # how the agent did, failures included
             console.print(line, highlight=False)
+        for line in role_lines(s):
+            console.print(line, highlight=False, markup=False)
         for key, n in reasons(s["counts"]).items():
             console.print(f"  {s['stage']} {s['name']}: {key} = {n}", highlight=False)
         report = s.get("report") if s["stage"] == "decontaminate" else None

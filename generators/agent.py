@@ -86,16 +86,18 @@ class AgentPolicy:
         mode: Literal["tools", "text"] = "tools",
         system: str = SYSTEM,
         temperature: float | None = None,
-        seed: int | None = None,
         max_history_chars: int = MAX_HISTORY_CHARS,
+        seed: int | None = None,
     ) -> None:
         self.llm = llm
+        # A sampling seed of its own: independent draws of one policy (Monte Carlo rollouts) send the same
+        # prompts with different seeds, so no draw is answered from another's cache entry or in-flight call.
+        self.seed = seed
         self.tools = tools
         self._wire_tools = openai_tools(tools)  # built once: every proposal sends the same specs
         self.mode = mode
         self.system = system
         self.temperature = temperature
-        self.seed = seed  # sent with every request: samples of one prompt under other seeds are other answers
         self.max_history_chars = max_history_chars
         self.settings = agent_settings(mode, max_history_chars)
         # Cached in the tools format: `_extensible` sees pending calls there; text mode converts after.

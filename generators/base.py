@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from backends.base import LLM
 from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
-from envs.tasks import MAX_TASKS
 from schemas.store import Dataset
 from schemas.usage import COUNT_PREFIX as USAGE_COUNTS
 from schemas.usage import add_totals, as_counts, empty_totals, trajectory_totals, with_usage
@@ -65,6 +64,29 @@ class RoleModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     llm: LLMConfig | None = Field(None, description="the role's model; when unset the method says what stands in")
+
+
+@dataclass(frozen=True)
+class Role:
+    """A part a model plays in a method beside the acting one: a judge, a teacher, a task writer.
+
+    `fields` are the config's model fields (`judge`, `teacher`, ...) that may play it, tried in
+    order; with none of them set the acting model plays it, which the run warns about once, says in
+    its summary and records in every record it writes (`details["roles"]`, `details["actor_roles"]`),
+    unless the paper itself has the acting model play it (`by_design` says why; still recorded)."""
+
+    name: str
+    does: str
+    fields: tuple[str, ...] = ("judge",)
+    by_design: str | None = None
+
+
+def same_model(a: LLMConfig, b: LLMConfig) -> bool:
+    """Whether two configs name the same weights (settings such as temperature or limits aside)."""
+    def where(c: LLMConfig) -> tuple[Any, ...]:
+        urls = tuple(sorted(e.base_url.rstrip("/") for e in c.endpoint_list()))
+        return c.backend, c.model, c.model_path, urls
+    return where(a) == where(b)
 
 
 class MethodConfig(BaseModel):
@@ -155,6 +177,8 @@ class RunSummary:
     report: dict[str, Any] = field(default_factory=dict)
     # The environment the method acted in (None for methods that act in none).
     env: str | None = None
+    # Who played each role beside the acting model (`GenerationMethod.roles_report`).
+    roles: dict[str, Any] = field(default_factory=dict)
     # The usage of the steps written this run (`schemas.usage` totals of its trajectories, kept or filtered).
     usage: dict[str, Any] = field(default_factory=empty_totals)
 
@@ -166,6 +190,7 @@ class RunSummary:
         self.counts.update(other.counts)
         self.reasons.update(other.reasons)
         self.llm = other.llm
+        self.roles = other.roles or self.roles
         add_totals(self.usage, other.usage)
         return self
 
@@ -188,6 +213,7 @@ class RunSummary:
             "counts": dict(self.counts),
             "rejected_by_reason": dict(self.reasons),
             "success_rate": self.success_rate(),
+            "roles": self.roles,
             "usage": self.usage,
             "llm": self.llm,
             "report": self.report,
@@ -200,30 +226,95 @@ class GenerationMethod(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[MethodConfig]] = MethodConfig
     templates: ClassVar[tuple[str, ...]] = ()
+    # The parts models play beside the acting one (see `Role`); `roles_in_use` picks those a config uses.
+    roles: ClassVar[tuple[Role, ...]] = ()
 
     def __init__(self, config: MethodConfig, llm: LLM):
         self.config = config
         self.llm = llm
-        # Set by the runner when the config names a judge model; else judges use the acting model.
-        self.judge_model: LLM | None = None
-        self._warned_same_judge = False
+        # The models of the config's role fields that are set (`judge`, `teacher`, ...), made by the runner
+        # (`make_role_models`); a role none of whose fields is set is played by the acting model.
+        self.field_models: dict[str, LLM] = {}
+        self._warned_roles: set[str] = set()
+
+    @property
+    def judge_model(self) -> LLM | None:
+        """The configured judge model (None: unset)."""
+        return self.field_models.get("judge")
+
+    @judge_model.setter
+    def judge_model(self, llm: LLM | None) -> None:
+        if llm is None:
+            self.field_models.pop("judge", None)
+        else:
+            self.field_models["judge"] = llm
+
+    def roles_in_use(self) -> list[Role]:
+        """The roles this config has models play (a method whose roles depend on its settings narrows them)."""
+        return list(self.roles)
+
+    def _role(self, name: str) -> Role:
+        for role in self.roles_in_use():
+            if role.name == name:
+                return role
+        return Role(name, name)
+
+    def role_field(self, name: str) -> str | None:
+        """The config field whose model plays role `name` (None: the acting model plays it)."""
+        return next((f for f in self._role(name).fields if f in self.field_models), None)
+
+    def model_for(self, name: str) -> LLM:
+        """The model that plays role `name`: its configured model, else (warned once per run) the acting model."""
+        role = self._role(name)
+        found = self.role_field(name)
+        if found is not None:
+            return self.field_models[found]
+        if role.by_design is None and name not in self._warned_roles:
+            self._warned_roles.add(name)
+            hint = " or ".join(f"{f}.llm" for f in role.fields) or "another model"
+            log.warning("%s: the %s (%s) is the acting model itself (%s); set %s to use another",
+                        self.name, name, role.does, self.llm.model_name, hint)
+        return self.llm
+
+    def model_name_for(self, name: str) -> str:
+        """The model of role `name` as `backend:model` (without warning), for the verdicts records carry."""
+        found = self.role_field(name)
+        return (self.field_models[found] if found is not None else self.llm).model_name
 
     @property
     def judge_llm(self) -> LLM:
         """The model that grades: the configured judge, else (with one warning per run) the acting model."""
-        if self.judge_model is not None:
-            return self.judge_model
-        if not self._warned_same_judge:
-            self._warned_same_judge = True
-            log.warning("%s: the judge is the acting model itself (%s:%s); set judge.llm to grade with another",
-                        self.name, self.config.llm.backend, self.config.llm.model)
-        return self.llm
+        return self.model_for("judge")
 
     @property
     def judge_name(self) -> str:
         """The grading model as `backend:model`, for the verdicts records carry."""
-        cfg = self.judge_llm.config
-        return f"{cfg.backend}:{cfg.model}"
+        return self.model_name_for("judge")
+
+    def roles_report(self) -> dict[str, dict[str, Any]]:
+        """Who plays each role in use: `{role: {model, played_by, field, by_design}}`; `played_by` is `actor`
+        (the acting model itself), `same model` (a role model of the same weights, its own settings) or `own model`."""
+        out: dict[str, dict[str, Any]] = {}
+        for role in self.roles_in_use():
+            found = self.role_field(role.name)
+            if found is None:
+                played, model = "actor", self.llm.model_name
+            else:
+                llm = self.field_models[found]
+                played = "same model" if same_model(llm.config, self.llm.config) else "own model"
+                model = llm.model_name
+            out[role.name] = {"model": model, "played_by": played, "field": found,
+                              **({"by_design": role.by_design} if role.by_design and found is None else {})}
+        return out
+
+    def _stamp_roles(self, record: Trajectory, report: dict[str, dict[str, Any]]) -> None:
+        """Record who played this method's roles in `record` (beside roles an earlier method recorded)."""
+        if not report:
+            return
+        roles = {**(record.details.get("roles") or {}), **{k: v["model"] for k, v in report.items()}}
+        actor = set(record.details.get("actor_roles") or ()) | {k for k, v in report.items() if v["played_by"] != "own model"}
+        record.details["roles"] = roles
+        record.details["actor_roles"] = sorted(actor & set(roles))
 
     @abstractmethod
     def tasks(self) -> Iterable[TaskSpec]:
@@ -271,6 +362,7 @@ class GenerationMethod(ABC):
                     continue
                 yield task
 
+        summary.roles = self.roles_report()
         buffer: list[tuple[TaskSpec, TaskResult]] = []
         queue: Iterator[TaskSpec] = pending()
         lock = asyncio.Lock()
@@ -307,8 +399,10 @@ class GenerationMethod(ABC):
         with output.unit(f"{self.name}-{uuid.uuid4().hex[:12]}") as unit:
             unit.meta["task_ids"] = [task.id for task, _ in results]
             usage = empty_totals()
+            roles = summary.roles
             for _, result in results:
                 for record in [*result.trajectories, *(item.record for item in result.filtered)]:
+                    self._stamp_roles(record, roles)
                     if (totals := trajectory_totals(with_usage(record))) is not None:
                         add_totals(usage, totals)
                 unit.write_many("trajectories", result.trajectories)
@@ -325,6 +419,23 @@ class GenerationMethod(ABC):
                 unit.counts.update(as_counts(usage))
             summary.counts.update({k: v for k, v in unit.counts.items() if not k.startswith(USAGE_COUNTS)})
             add_totals(summary.usage, usage)
+
+
+def describe_role(info: dict[str, Any]) -> str:
+    """Who played a role (an entry of `roles_report`), in words for run summaries."""
+    played, model = info.get("played_by"), info.get("model")
+    if played == "actor":
+        why = f"the paper's design: {info['by_design']}" if info.get("by_design") else "no model of its own is set"
+        return f"the acting model itself ({model}; {why})"
+    if played == "same model":
+        return f"the acting model's weights with settings of its own ({model}, {info.get('field')}.llm)"
+    return f"{model} ({info.get('field')}.llm)"
+
+
+def role_fields(config: MethodConfig) -> list[str]:
+    """The config's model fields that are set (`judge`, `teacher`, `student`, ...): `{llm: ...}` blocks."""
+    return [name for name in type(config).model_fields
+            if isinstance(getattr(config, name), (JudgeConfig, RoleModel)) and getattr(config, name).llm is not None]
 
 
 def llm_config_for(config: MethodConfig, output: Path, role: str = "") -> LLMConfig:

@@ -1,8 +1,9 @@
 """Curriculum and task evolution (DreamGym / AgentGen Bi-Evol): new tasks, harder and easier, kept only if verifiable.
 
-The run goes in rounds. Round 0 attempts every seed task (from any task source); each attempt is
-`rollouts` rollouts (one MCTS expansion of the root: `rollouts` first actions sampled in one
-call, each continued greedily), and the rewards are tracked per task (`RewardTracker`). As in
+The run goes in rounds. Round 0 attempts every seed task (from any task source): `rollouts`
+independent rollouts, rollout k being draw k of the agent (every step sampled at `temperature`
+with the seed `seed + k`, so no rollout is answered from another's cache entry), and the rewards
+are tracked per task (`RewardTracker`). As in
 DreamGym, the next round starts from the tasks the agent is least sure about: tasks neither
 always nor never solved (mean strictly inside `band`) ranked by reward variance; the `select`
 highest are evolved in both directions (AgentGen's Bi-Evol):
@@ -49,10 +50,9 @@ from pydantic import BaseModel, Field, model_validator
 from envs.base import Environment, Evaluation, Task
 from envs.criteria import CRITERIA_KEYS
 from filters import step_judge
-from generators._episode import act
-from generators.base import RunSummary, TaskResult, TaskSpec
+from generators._episode import Episode, act, play_episode
+from generators.base import Role, RoleModel, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
-from generators.mcts import MCTS, SearchConfig
 from generators.registry import register_method
 from generators.self_challenging import SandboxLimits, ToolCall, _state_shape, env_state, run_verifier
 from generators.transcript import tools_block
@@ -129,12 +129,14 @@ class CurriculumConfig(EnvMethodConfig):
     verify: Literal["auto", "criteria", "code", "reward"] = Field(
         "auto", description="how an evolved task proves checkable: auto (criteria when the seed has reference "
                             "actions, else code where the world has a state, else the world's reward)")
-    rollouts: int = Field(4, ge=2)
+    rollouts: int = Field(4, ge=2, description="independent attempts per task, whose rewards' variance selects tasks")
     band: tuple[float, float] = Field((0.0, 1.0), description="keep tasks whose mean reward is strictly inside")
     generations: int = Field(1, ge=0, description="evolution rounds after the seed round")
     select: int = Field(2, ge=1, description="tasks evolved per round: the in-band ones with the highest reward variance")
-    temperature: float = 1.0
+    temperature: float = Field(1.0, description="sampling temperature of the attempts (every step)")
     evolve_temperature: float = Field(0.7, ge=0, description="sampling temperature of the task writer")
+    teacher: RoleModel = Field(default_factory=RoleModel,
+                               description="the model that writes the evolved tasks; default: the judge model")
     max_solution_chars: int = Field(4000, ge=200, description="the seed's solved transcript shown to the writer")
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits, description="limits of a code check's verifier")
 
@@ -235,6 +237,7 @@ class Curriculum(EnvMethod):
     Config = CurriculumConfig
     templates = (EVOLVE_SYSTEM, *DIRECTIONS.values(), *CHECKS.values(), EVOLVE_USER)
     config: CurriculumConfig
+    roles = (Role("task writer", "evolves the selected tasks easier and harder", ("teacher", "judge")),)
 
     def __init__(self, config: CurriculumConfig, llm: Any):
         super().__init__(config, llm)
@@ -287,30 +290,34 @@ class Curriculum(EnvMethod):
     # ---- rollouts -------------------------------------------------------------------------------
     async def attempt(self, task: Task, key: str, generation: int, parent: str | None,
                       **details: Any) -> list[Trajectory]:
-        """`rollouts` attempts at `task`, tagged with the method task id `key` and the task's statistics."""
-        policy = self.policy(self.config.temperature)
-        greedy = self.policy(0.0)
-        search = SearchConfig(iterations=1, generations=self.config.rollouts, max_depth=self.config.max_steps,
-                              dedupe_children=False)
-        tree = await MCTS(self.make_env, policy, search, rollout_policy=greedy).search(task)
-        paths = [(child.path_steps(), child.evaluation) for child in tree.root.children]
-        if "verifier" in task.goal:  # a code-checked task: its verifier judges each rollout's final state
-            paths = [(steps, await self._verified(task, steps)) for steps, _ in paths]
-        rewards = [ev.reward if ev is not None else 0.0 for _, ev in paths]
+        """`rollouts` independent attempts at `task`, tagged with the method task id `key` and the task's statistics.
+
+        Attempt k is draw k of the agent: every step sampled at `temperature` with the seed `seed + k`, so no
+        attempt is answered from another's cache entry or in-flight call (a sampled first action continued
+        greedily would repeat the other attempts wherever the first actions agree, and show no variance)."""
+        episodes = await asyncio.gather(*(self._rollout(task, k) for k in range(self.config.rollouts)))
+        rewards = [ev.reward if ev is not None else 0.0 for _, ev in episodes]
         stats = RewardTracker.of(self.config.band, key, rewards)
+        seeds = [self.config.seed + k for k in range(self.config.rollouts)]
         info = {"task_id": key, "generation": generation, "parent": parent, "mean_reward": stats.mean(key),
-                "variance": stats.variance(key), "in_band": stats.in_band(key)}
+                "variance": stats.variance(key), "in_band": stats.in_band(key),
+                "samples": [{"seed": s, "reward": r} for s, r in zip(seeds, rewards)]}
         out = []
-        for i, (steps, evaluation) in enumerate(paths):
-            traj = self.trajectory(task, "", steps, evaluation, parents=[parent] if parent else [],
-                                   curriculum=info, **details)
+        for i, (episode, evaluation) in enumerate(episodes):
+            traj = self.trajectory(task, "", episode.steps, evaluation, parents=[parent] if parent else [],
+                                   curriculum=info, sample=i, **episode.details(), **details)
             out.append(traj.model_copy(update={"id": f"{self.name}/{key}/g{generation}/r{i}"}))
         return out
 
-    async def _verified(self, task: Task, steps: list[Step]) -> Evaluation:
+    async def _rollout(self, task: Task, k: int) -> tuple[Episode, Evaluation | None]:
+        """Draw k: one episode of `task` and its outcome."""
+        if k > 0:  # a simulated world or user sees the draw too, so its answers are its own as well
+            task = task.model_copy(update={"params": {**task.params, "sample": k}})
         async with self.make_env() as env:
-            await env.replay(task, steps)
-            return await self.outcome(env, task)
+            episode = await play_episode(env, self.policy(self.config.temperature, draw=k), task,
+                                         max_steps=self.config.max_steps,
+                                         max_parse_failures=self.config.max_parse_failures, evaluate=False)
+            return episode, await self.outcome(env, task)
 
     async def outcome(self, env: Environment, task: Task) -> Evaluation:
         """The episode's outcome: the task's sandboxed verifier on the world's state, else the world's evaluation."""
@@ -360,8 +367,9 @@ class Curriculum(EnvMethod):
                                       policy=self._policy_text or "(no rules given)", tools=tools_block(self.tools))
         user = EVOLVE_USER.format(direction=direction, instruction=seed.instruction, rate=rate, spec=spec,
                                   solution=solution)
-        return await self.llm.structured([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                         SCHEMAS[mode], temperature=self.config.evolve_temperature)
+        writer = self.model_for("task writer")
+        return await writer.structured([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                       SCHEMAS[mode], temperature=self.config.evolve_temperature)
 
     def variant_task(self, seed: Task, spec: TaskSpec, answer: _Variant, mode: Mode) -> tuple[Task, list[Action] | None]:
         """The new task (its goal per mode) and the solution to check it with (None: the env's reference solution)."""

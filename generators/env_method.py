@@ -28,9 +28,13 @@ from envs.spec import EnvFactory, EnvSpec
 from generators.agent import SYSTEM as AGENT_SYSTEM
 from envs.users import MODEL_USERS
 from generators.agent import AgentPolicy, agent_settings
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec, llm_config_for
+from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from schemas.models import RenderSettings, Rewrite, Step, Tool, Trajectory
 from schemas.store import Dataset
+
+
+# Where a world's evaluation is a model's, the model that grades it (the method's judge).
+EPISODE_JUDGE = Role("episode judge", "grades episodes where the world's evaluation is a model's", ("judge",))
 
 
 class EnvMethodConfig(MethodConfig, EnvSpec):
@@ -80,9 +84,19 @@ class EnvMethod(GenerationMethod):
 
     # ---- set-up ---------------------------------------------------------------------------------
 
+    def roles_in_use(self) -> list[Role]:
+        """The method's roles, and the episode judge where the world's evaluation is a model's: an MCP world's
+        natural-language assertions (`env_config.judge: {}`), a simulated world's verdicts."""
+        roles = super().roles_in_use()
+        judge = self.config.env_config.get("judge")
+        model_judged = (isinstance(judge, dict) and not judge.get("llm")) or (
+            getattr(self.envs.cls, "needs_llm", False) and judge is None and not self.config.env_config.get("llm"))
+        return [*roles, EPISODE_JUDGE] if model_judged else roles
+
     def prepare(self, output: Dataset) -> None:
         self.envs.output = Path(output.path)
-        self.envs.judge = self.judge_model
+        in_use = {r.name for r in self.roles_in_use()}
+        self.envs.judge = self.model_for(EPISODE_JUDGE.name) if EPISODE_JUDGE.name in in_use else self.judge_model
         fidelity = self.config.user.fidelity
         if fidelity.judge and fidelity.judge_llm is not None and self._fidelity_judge is None:
             cfg = fidelity.judge_llm
@@ -102,17 +116,6 @@ class EnvMethod(GenerationMethod):
             self._policy_text = anchor.policy
             self._user_kind = anchor.user.kind if anchor.user is not None else None
             self._checks_users = self.config.user.fidelity.check and self._user_kind in MODEL_USERS
-
-    def role_llm(self, role: str, output: Dataset) -> LLM | None:
-        """The model of `role` (a `RoleModel` field of the config), cached in `output`; None when unset.
-
-        Closed with the run's environments.
-        """
-        if getattr(self.config, role).llm is None:
-            return None
-        llm = make_llm(llm_config_for(self.config, Path(output.path), role))
-        self._role_llms.append(llm)
-        return llm
 
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         try:
@@ -201,10 +204,11 @@ class EnvMethod(GenerationMethod):
         """How the agent's prompts are rendered (`policy()`), recorded in every trajectory's `details["render"]`."""
         return agent_settings(self.config.agent_mode)
 
-    def policy(self, temperature: float | None = None, *, llm: Any = None, seed: int | None = None) -> AgentPolicy:
+    def policy(self, temperature: float | None = None, *, llm: Any = None, draw: int | None = None) -> AgentPolicy:
+        """The agent; `draw` k makes it independent draw k of the run (sampling seed `seed + k`)."""
         t = self.config.agent_temperature if temperature is None else temperature
         return AgentPolicy(llm or self.llm, self.tools, mode=self.config.agent_mode, temperature=t,
-                           system=self.agent_system(), seed=seed)
+                           system=self.agent_system(), seed=None if draw is None else self.config.seed + draw)
 
     # ---- records --------------------------------------------------------------------------------
 

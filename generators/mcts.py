@@ -29,7 +29,7 @@ from typing import Any, Callable
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import ACTION_KINDS, Checkpoint, Environment, Evaluation, Task, checkpoint, restore
+from envs.base import Checkpoint, Environment, Evaluation, Task, checkpoint, restore
 from generators._episode import act, continue_episode, opened
 from generators.agent import AgentPolicy
 from schemas.models import Action, Step

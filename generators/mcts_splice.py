@@ -5,10 +5,11 @@ history plus its greedy rollout; content-identical paths count once), split them
 (outcome >= alpha) and bad (below alpha), and match each bad path with the good path that
 shares its longest prefix (outcome gap >= beta). Each match gives:
 
-- a spliced trajectory: shared prefix (trained) + the bad steps up to and including the first
-  error and its observation (train = false: Agent-R masks the loss on the bad segment, they stay
-  as context) + a revision thought + the good path's continuation from the shared prefix
-  (trained). The first error comes from the verifier model (`verifier: llm`, per-step
+- a spliced trajectory: the bad path up to and including the first error and its observation,
+  all context with the loss masked as Agent-R masks it (the prefix shared with the good path
+  included: its actions are marked `extra["masked"] = "context"`, taken in the world; the bad
+  segment after it is the branch not taken) + a revision thought + the good path's continuation
+  from the shared prefix (trained). The first error comes from the verifier model (`verifier: llm`, per-step
   Good/Bad/Uncertain, first Bad at or after the divergence), the step rules (`rules`), or is the
   divergence point itself (`divergence`; also the fallback when none is named).
   The revision thought is a `MessageAction` tagged `extra["kind"] = "revision"`: it renders as an
@@ -29,16 +30,17 @@ verification rules use to replay them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import ACTION_KINDS, Evaluation, Task
+from envs.base import ACTION_KINDS, MASKED_CONTEXT, Evaluation, Task
 from filters import step_judge, step_rules
-from generators._episode import renumber_calls
-from generators.base import TaskResult, TaskSpec
+from generators._episode import continue_episode, renumber_calls
+from generators.base import Role, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.mcts import MCTS, SearchConfig, Tree
@@ -58,6 +60,17 @@ REVISION_PROMPT = (
 )
 
 
+class StepRewards(BaseModel):
+    """IPR's Monte Carlo step rewards, the source of step-level pairs (defaults: IPR's code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollouts: int = Field(5, ge=1, description="rollouts to the end of the episode from each compared step (IPR: 5)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of those rollouts (every step)")
+    step_threshold: float = Field(0.01, ge=0, description="the step values must differ by more than this")
+    trajectory_threshold: float = Field(0.01, ge=0, description="the paths' final rewards must differ by more than this")
+
+
 class MCTSSpliceConfig(EnvMethodConfig):
     method: Literal["mcts_splice"] = "mcts_splice"
     search: SearchConfig = Field(default_factory=SearchConfig)
@@ -69,7 +82,8 @@ class MCTSSpliceConfig(EnvMethodConfig):
     verifier: Literal["llm", "rules", "divergence"] = "llm"
     revision: Literal["template", "model"] = "template"
     trajectory_pairs: bool = True
-    step_pairs: bool = True
+    step_pairs: bool = Field(True, description="step-level pairs, by IPR's Monte Carlo step rewards (step_rewards)")
+    step_rewards: StepRewards = Field(default_factory=StepRewards)
     keep_best_good: bool = Field(True, description="also write the best good path of each tree")
 
 
@@ -133,18 +147,44 @@ def match_paths(paths: list[SearchPath], alpha: float, beta: float, limit: int) 
     return out
 
 
-def splice(prefix_len: int, bad: list[Step], good: list[Step], error: int, revision: str) -> tuple[list[Step], list[int]]:
-    """prefix + bad[prefix_len..error] and its observation (masked) + revision + good continuation.
+def through(steps: list[Step], k: int) -> list[Step]:
+    """`steps` up to and including the action at `k` and the observation that answered it."""
+    end = k + 1
+    if end < len(steps) and steps[end].kind not in ACTION_KINDS:
+        end += 1
+    return list(steps[:end])
 
-    Returns the steps and the indices with train = false.
+
+def ipr_preference(expert_final: float, agent_final: float, expert_value: float, agent_value: float,
+                   trajectory_threshold: float, step_threshold: float) -> Literal["expert", "agent"] | None:
+    """IPR's rule for a step-level pair (construct_preference_monte_carlo_*.py): the agent's step wins when its
+    path's final reward and its Monte Carlo step reward both beat the expert's by more than the thresholds,
+    the expert's step when both of the expert's do; anything else is a tie (no pair)."""
+    if agent_final > expert_final + trajectory_threshold and agent_value > expert_value + step_threshold:
+        return "agent"
+    if expert_final > agent_final + trajectory_threshold and expert_value > agent_value + step_threshold:
+        return "expert"
+    return None
+
+
+def splice(prefix_len: int, bad: list[Step], good: list[Step], error: int, revision: str) -> tuple[list[Step], list[int]]:
+    """bad[:error] and the error's observation (all loss-masked) + revision + good continuation.
+
+    As Agent-R, the loss falls on the revision and what follows only: the bad path before it is context, the
+    prefix it shares with the good path included. The prefix's actions are marked `extra["masked"] =
+    "context"` (the world went through them: replays take them); the bad segment after it is the branch not
+    taken. Returns the steps and the indices with train = false (the prefix's actions, the bad segment).
     """
     end = error + 1
     if end < len(bad) and bad[end].kind not in ACTION_KINDS:
         end += 1  # the erroneous action's observation is part of the masked segment
+    head = [s.model_copy(update={"train": False, "extra": {**s.extra, "masked": MASKED_CONTEXT}})
+            if s.kind in ACTION_KINDS and s.train else s for s in bad[:prefix_len]]
     masked_part = [s.model_copy(update={"train": False}) for s in bad[prefix_len:end]]
     thought = MessageAction(content=revision, extra={"kind": "revision"})
-    steps = renumber_calls(list(bad[:prefix_len]) + masked_part + [thought] + list(good[prefix_len:]))
-    return steps, list(range(prefix_len, end))
+    steps = renumber_calls(head + masked_part + [thought] + list(good[prefix_len:]))
+    masked = [i for i, s in enumerate(bad[:prefix_len]) if s.kind in ACTION_KINDS and s.train]
+    return steps, masked + list(range(prefix_len, end))
 
 
 @register_method
@@ -155,6 +195,14 @@ class MCTSSplice(EnvMethod):
     Config = MCTSSpliceConfig
     templates = (*REVISION_TEMPLATES, REVISION_PROMPT, *step_judge.TEMPLATES)
     config: MCTSSpliceConfig
+    roles = (Role("first-error verifier", "names the first wrong step of a failed path", ("judge",),
+                  by_design="Agent-R has the acting model find its own first error"),
+             Role("revision writer", "writes the revision thought", (),
+                  by_design="the revision is the agent's own thought, trained as its turn"))
+
+    def roles_in_use(self) -> list[Role]:
+        used = {"first-error verifier": self.config.verifier == "llm", "revision writer": self.config.revision == "model"}
+        return [r for r in super().roles_in_use() if used.get(r.name, True)]
 
     def tasks(self) -> Iterable[TaskSpec]:
         return [TaskSpec(id=t.id, instruction=t.instruction) for t in self.env_tasks().values()]
@@ -181,15 +229,20 @@ class MCTSSplice(EnvMethod):
             return written[traj.id]
 
         matches = match_paths(paths, self.config.alpha, self.config.beta, self.config.max_pairs_per_task)
+        values: dict[str, asyncio.Future[list[float]]] = {}  # step values by the history they continue
         for good, bad, k in matches:
             g_traj = keep(self._trajectory(task, f"n{good.node}", good.steps, good, "path"))
             b_traj = keep(self._trajectory(task, f"n{bad.node}", bad.steps, bad, "path"))
             if self.config.trajectory_pairs:
                 result.pairs.append(self._pair(task, g_traj, b_traj, k, "trajectory"))
             if self.config.step_pairs:
-                gs = keep(self._trajectory(task, f"n{good.node}/a{k}", good.steps[: k + 1], good, "step"))
-                bs = keep(self._trajectory(task, f"n{bad.node}/a{k}", bad.steps[: k + 1], bad, "step"))
-                result.pairs.append(self._pair(task, gs, bs, k, "step"))
+                pair = await self._step_pair(task, good, bad, k, values, result)
+                if pair is not None:
+                    chosen, rejected, details = pair
+                    cs = keep(self._trajectory(task, f"n{chosen.node}/a{k}", chosen.steps[: k + 1], chosen, "step"))
+                    rs = keep(self._trajectory(task, f"n{rejected.node}/a{k}", rejected.steps[: k + 1], rejected, "step"))
+                    result.pairs.append(self._pair(task, cs, rs, k, "step", chosen_reward=details["chosen"]["value"],
+                                                   rejected_reward=details["rejected"]["value"], step_values=details))
             spliced = await self._splice(task, good, bad, k, b_traj, result)
             keep(spliced)
         if self.config.keep_best_good:
@@ -203,7 +256,7 @@ class MCTSSplice(EnvMethod):
     async def _first_error(self, bad: SearchPath, k: int, b_traj: Trajectory) -> tuple[int, str, str]:
         """(error step index, reason, where it came from); falls back to the divergence point."""
         if self.config.verifier == "llm":
-            index, reason = await step_judge.locate_first_error(self.judge_llm, bad.steps, k)
+            index, reason = await step_judge.locate_first_error(self.model_for("first-error verifier"), bad.steps, k)
             if index is not None:
                 return index, reason, "llm"
         elif self.config.verifier == "rules":
@@ -249,11 +302,66 @@ class MCTSSplice(EnvMethod):
         node = int(key.split("/")[0].split("+")[0][1:])
         return self.trajectory(task, f"/{key}", steps, evaluation, role=role, node=node)
 
-    def _pair(self, task: Task, chosen: Trajectory, rejected: Trajectory, k: int, level: Literal["trajectory", "step"]) -> Pair:
+    def _pair(self, task: Task, chosen: Trajectory, rejected: Trajectory, k: int, level: Literal["trajectory", "step"],
+              chosen_reward: float | None = None, rejected_reward: float | None = None, **details: Any) -> Pair:
         good, bad = chosen.details["node"], rejected.details["node"]
         return Pair(
             id=f"{self.name}/{task.id}/pair/n{good}-vs-n{bad}/{level}",
             chosen_id=chosen.id, rejected_id=rejected.id, prefix_len=k, source=self.name, level=level,
-            chosen_reward=chosen.reward, rejected_reward=rejected.reward,
+            chosen_reward=chosen.reward if chosen_reward is None else chosen_reward,
+            rejected_reward=rejected.reward if rejected_reward is None else rejected_reward,
             provenance=self.provenance(task.id, parents=[chosen.id, rejected.id], seed=task.seed),
+            details=details,
         )
+
+    # ---- IPR: Monte Carlo step rewards ------------------------------------------------------------
+
+    async def step_value(self, task: Task, history: list[Step]) -> list[float]:
+        """IPR's step reward of the last action of `history`: the outcomes of `step_rewards.rollouts` independent
+        rollouts (draw k samples every step with its own seed) from the state after it to the end of the episode."""
+        cfg = self.config.step_rewards
+        actions = sum(1 for s in history if s.kind in ACTION_KINDS)
+
+        async def draw(k: int) -> float:
+            async with self.make_env() as env:
+                await env.replay(task, history)
+                episode = await continue_episode(env, self.policy(cfg.temperature, draw=k), history,
+                                                 max_steps=self.config.search.max_depth, actions_taken=actions,
+                                                 max_parse_failures=self.config.max_parse_failures)
+            return episode.reward
+
+        return list(await asyncio.gather(*(draw(k) for k in range(cfg.rollouts))))
+
+    async def _step_pair(self, task: Task, good: SearchPath, bad: SearchPath, k: int,
+                         values: dict[str, asyncio.Future[list[float]]],
+                         result: TaskResult) -> tuple[SearchPath, SearchPath, dict[str, Any]] | None:
+        """The step-level pair at the paths' divergence `k`, by IPR's rule; None for a tie.
+
+        IPR compares the agent's action at a step of the expert's trajectory with the expert's: each one's step
+        reward is the mean outcome of Monte Carlo rollouts from the state after it, and a pair is made only when
+        one side is better by both its path's final reward and its step reward, each by more than a threshold.
+        Here the good path stands for the expert, the bad path's action at `k` for the agent's."""
+        cfg = self.config.step_rewards
+        estimates: list[list[float]] = []
+        for path in (good, bad):
+            history = through(path.steps, k)
+            key = hashlib.sha256("\x00".join(s.model_dump_json(exclude=_NOT_CONTENT) for s in history).encode()).hexdigest()
+            if key not in values:
+                values[key] = asyncio.ensure_future(self.step_value(task, history))
+                result.counts["ipr_rollouts"] += cfg.rollouts
+            estimates.append(await values[key])
+        expert, agent = ({"final_reward": p.reward, "rewards": r, "value": sum(r) / len(r)}
+                         for p, r in zip((good, bad), estimates))
+        winner = ipr_preference(expert["final_reward"], agent["final_reward"], expert["value"], agent["value"],
+                                cfg.trajectory_threshold, cfg.step_threshold)
+        if winner is None:
+            result.counts["ipr_ties"] += 1
+            return None
+        result.counts["ipr_step_pairs"] += 1
+        chosen, rejected = (good, bad) if winner == "expert" else (bad, good)
+        details = {"method": "monte_carlo", "rollouts": cfg.rollouts, "temperature": cfg.temperature,
+                   "thresholds": {"step": cfg.step_threshold, "trajectory": cfg.trajectory_threshold},
+                   "expert": "chosen" if winner == "expert" else "rejected",
+                   "chosen": expert if winner == "expert" else agent,
+                   "rejected": agent if winner == "expert" else expert}
+        return chosen, rejected, details

@@ -36,11 +36,11 @@ from pydantic import BaseModel, Field, model_validator
 
 from backends.base import LLM
 from converters.export.request import request_for
-from envs.base import ACTION_KINDS, Checkpoint, Environment, Task, is_revision, restore, transitions
+from envs.base import ACTION_KINDS, Checkpoint, Environment, Task, is_revision, restore, transitions, undone
 from filters import step_judge, step_rules
 from generators._episode import Correction, act, continue_episode, renumber_calls
 from generators.agent import AgentPolicy, Proposal
-from generators.base import RoleModel, TaskResult, TaskSpec
+from generators.base import Role, RoleModel, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
 from generators.transcript import tools_block
@@ -121,7 +121,7 @@ class ReplayThenAgent:
 
     def __init__(self, recording: Trajectory, agent: AgentPolicy) -> None:
         steps = recording.steps
-        self.recorded = deque(i for i, s in enumerate(steps) if s.kind in ACTION_KINDS and s.train
+        self.recorded = deque(i for i, s in enumerate(steps) if s.kind in ACTION_KINDS and not undone(s)
                               and not is_revision(s))  # the moves `transitions` replays
         self.steps = steps
         self.opening = steps[0] if steps and is_system_step(steps[0]) else None
@@ -197,23 +197,19 @@ class Reflection(EnvMethod):
     config: ReflectionConfig
     uses_task_source = False
 
+    roles = (Role("teacher", "reviews each step and corrects the wrong ones", ("teacher", "judge")),)
+
     def __init__(self, config: ReflectionConfig, llm: Any):
         super().__init__(config, llm)
         self._input: dict[str, Trajectory] | None = None
-        self.teacher_model: LLM | None = None
-
-    def prepare(self, output: Dataset) -> None:
-        super().prepare(output)
-        self.teacher_model = self.role_llm("teacher", output)
 
     @property
     def teacher(self) -> LLM:
         """The teacher: its own model, else the judge model (the acting model itself, warned, when neither is set)."""
-        return self.teacher_model or self.judge_llm
+        return self.model_for("teacher")
 
     def teacher_name(self) -> str:
-        cfg = self.config.teacher.llm or self.config.judge.llm or self.config.llm
-        return f"{cfg.backend}:{cfg.model}"
+        return self.model_name_for("teacher")
 
     def inputs(self) -> dict[str, Trajectory]:
         if self._input is None:

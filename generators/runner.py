@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from backends.registry import make_llm
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskSpec, llm_config_for
+from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskSpec, llm_config_for, role_fields
 from generators.registry import get_method
 from schemas.store import Dataset
 
@@ -38,17 +38,18 @@ async def generate(
     ds = Dataset.create(output, stage=f"generate:{config.method}", config_hash=config.output_hash(), overwrite=overwrite)
     ds.recover()
     llm = make_llm(llm_config_for(config, output))
-    judge = make_llm(llm_config_for(config, output, "judge")) if config.judge.llm is not None else None
+    # Each role model the config sets (judge, teacher, student, ...): its own client, cache and ledger.
+    roles = {name: make_llm(llm_config_for(config, output, name)) for name in role_fields(config)}
     method = (method_cls or get_method(config.method))(config, llm)
-    method.judge_model = judge
+    method.field_models.update(roles)
     try:
         summary = await method.run(method.tasks() if tasks is None else tasks, ds, progress=progress)
-        if judge is not None:
-            summary.llm["judge"] = judge.stats.as_dict()
+        for name, role_llm in roles.items():
+            summary.llm[name] = role_llm.stats.as_dict()
     finally:
         await llm.aclose()
-        if judge is not None:
-            await judge.aclose()
+        for role_llm in roles.values():
+            await role_llm.aclose()
     ds.mark_complete(
         {
             **dict(ds.unit_counts()),

@@ -4,7 +4,9 @@ Used by the search benchmark (`benchmarks/mcts.py`) and the tests of the search-
 Sample i of an n-sample request is decided by i (FakeLLM answers every sample alike, so this
 subclass asks its script per index): 0 = the next reference action (the greedy choice), 1 = a
 wrong write (cancel with the other reason: the task can no longer succeed), 2 = a lookup of an
-order that does not exist (an `Error:` observation), 3 = a question to the user. Structured
+order that does not exist (an `Error:` observation), 3 = a question to the user. A one-sample
+request with a sampling seed (an independent draw: Monte Carlo rollouts, curriculum attempts) is
+decided by its seed the same way, so draw k takes choice k at every step. Structured
 requests (step judge, first-error verifier, task evolution) call a step bad iff it is not a
 reference action. A revision request (Agent-R's model-written revision) is answered with a
 sentence that quotes the wrong step back.
@@ -66,7 +68,8 @@ class ScriptedRetailLLM(FakeLLM):
             step = text.split("The wrong step:\n", 1)[1].split("\n\nWhy it was wrong:", 1)[0].strip()
             return [self._to_completion(REVISION_ANSWER.format(step=step), request, 0)]
         progress = self._progress(request.messages)
-        return [self._to_completion(self._agent(request, i, progress), request, i) for i in range(request.n)]
+        drawn = int(request.params.get("seed") or 0) if request.n == 1 else 0
+        return [self._to_completion(self._agent(request, drawn + i, progress), request, i) for i in range(request.n)]
 
     # ---- the agent -------------------------------------------------------------------------------
     def _task(self, messages: list[dict[str, Any]]) -> Task:

@@ -61,13 +61,14 @@ from pydantic import BaseModel, Field, computed_field, model_validator
 
 from backends.errors import LLMRequestError
 from envs.base import Environment, Evaluation, Task
+from envs.tasks import MAX_TASKS
 from filters.dedup import NearDuplicateIndex
 from generators._episode import play_episode
 from generators.agent import AgentPolicy
-from generators.base import MAX_TASKS, MethodConfig, TaskResult, TaskSpec
+from generators.base import MethodConfig, Role, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.registry import register_method
-from schemas.models import ApiAction, Step, Trajectory, is_system_step
+from schemas.models import ApiAction, Step, is_system_step
 from schemas.store import Dataset
 
 TASKS_FILE = "tasks.jsonl"
@@ -79,6 +80,12 @@ EXPLORE_SYSTEM = (
     "have seen enough, reply with a short note of what you found, without a tool call."
 )
 EXPLORE_USER = "EXPLORE FOR CHALLENGE #{index}\nExample requests users make here:\n{examples}\n\n{state_info}"
+# The world's policy, as the agent that will attempt the task gets it: a task must be doable within it.
+POLICY_BLOCK = (
+    "\n\n# Policy\nThe agent that will attempt your task follows this policy. Only ask for what it allows: the "
+    "solution must follow it step by step (the checks and confirmations it requires included), and a failure "
+    "case may break it.\n{policy}"
+)
 CHALLENGE_SYSTEM = (
     "You are a challenger: you write one task for an AI agent in the '{env}' environment, with code that "
     "checks it. Answer with a JSON object with: \"instruction\" (what the user asks, self-contained, with "
@@ -319,9 +326,11 @@ class SelfChallenging(EnvMethod):
     name = "self_challenging"
     Config = SelfChallengingConfig
     templates = (EXPLORE_SYSTEM, EXPLORE_USER, CHALLENGE_SYSTEM, CHALLENGE_USER, STATE_SHAPE, STATE_BY_CALLS,
-                 STATE_ENV_DOC, STATE_CALLS_FIELD, STATE_CALLS_DOC)
+                 STATE_ENV_DOC, STATE_CALLS_FIELD, STATE_CALLS_DOC, POLICY_BLOCK)
     config: SelfChallengingConfig
     uses_task_source = False
+    roles = (Role("challenger", "explores the tools and writes the tasks", (),
+                  by_design="the paper's challenger is the agent itself, which then learns from its own tasks"),)
 
     def __init__(self, config: SelfChallengingConfig, llm: Any):
         super().__init__(config, llm)
@@ -436,9 +445,10 @@ class SelfChallenging(EnvMethod):
             if not self.config.explore_steps:
                 return [], state_info
             instruction = EXPLORE_USER.format(index=index + 1, examples=self._example_text(index), state_info=state_info)
-            challenger = AgentPolicy(self.llm, self.tools, mode=self.config.agent_mode,
+            challenger = AgentPolicy(self.model_for("challenger"), self.tools, mode=self.config.agent_mode,
                                      temperature=self.config.challenger_temperature,
-                                     system=EXPLORE_SYSTEM.format(env=self.config.env, n=self.config.explore_steps))
+                                     system=EXPLORE_SYSTEM.format(env=self.config.env, n=self.config.explore_steps)
+                                     + self._policy_block())
             episode = await play_episode(env, challenger, self._task(f"{challenge_id}-explore", instruction),
                                          max_steps=self.config.explore_steps,
                                          max_parse_failures=self.config.max_parse_failures, evaluate=False)
@@ -455,8 +465,8 @@ class SelfChallenging(EnvMethod):
                                for t in self.tools)
         system = CHALLENGE_SYSTEM.format(env=self.config.env, tools=tools_text,
                                          state_calls=STATE_CALLS_FIELD if calls_mode else "",
-                                         state_doc=STATE_CALLS_DOC if calls_mode else STATE_ENV_DOC)
-        challenge = await self.llm.structured(
+                                         state_doc=STATE_CALLS_DOC if calls_mode else STATE_ENV_DOC) + self._policy_block()
+        challenge = await self.model_for("challenger").structured(
             [{"role": "system", "content": system},
              {"role": "user", "content": CHALLENGE_USER.format(index=index + 1, state_info=state_info,
                                                                exploration=exploration)}],
@@ -496,6 +506,10 @@ class SelfChallenging(EnvMethod):
         result.reject(stub, "dedup", f"near-duplicate task: of {match[0]} (similarity {match[1]})")
         result.counts["challenges_duplicate"] += 1
         return True
+
+    def _policy_block(self) -> str:
+        """The world's policy for the challenger's prompts (empty where the world has none)."""
+        return POLICY_BLOCK.format(policy=self._policy_text.strip()) if self._policy_text else ""
 
     def _example_text(self, index: int) -> str:
         pool = self._examples or []

@@ -16,8 +16,10 @@ The output keeps the policy as its first turn, a system step (`TextObservation`,
 turn written by the synthesis (`details["rewrites"]`): no agent request produced them; they are
 meant to be trained conditioned on the policy and the conversation before each. It records no
 render settings (no request was sent), so exporters give it the full-history layout. The policy comes from the
-config (`policy` text or `policy_file`), else the environment (`env`: its policy, e.g. an MCP env
-config's), else each seed's own system text. The tools come from `tools_file` (JSON / JSONL of tool
+config (`policy` text or `policy_file`), else each seed's own system text (the paper's policy is the seed's
+system prompt: a seed of another domain keeps its rules), else the environment's (`env`: its policy, e.g.
+an MCP env config's). A seed whose episode failed (`success` false, e.g. a rollout kept with
+`keep_failed`) is not used: it shows how not to do the task. The tools come from `tools_file` (JSON / JSONL of tool
 declarations), else the environment (`env` + `env_config`: an MCP server lists its tools), else the
 seed's own tools; converted ADP data has none, so it needs one of the first two. Each output records
 where its tools and policy came from (`details.tools_source`, `details.policy_source`) and the
@@ -36,8 +38,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from backends.errors import LLMRequestError
 from envs.spec import check_env
+from envs.tasks import TaskSourceConfig
 from envs.toolspec import load_tools_file
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.seeds import load_seeds
 from generators.transcript import FORMAT_HELP, TranscriptError, parse_transcript, render_transcript, system_text, tools_block
@@ -79,13 +82,15 @@ class SimiaSFTConfig(MethodConfig):
     env: str | None = Field(None, description="take the tools (and policy) from this environment (e.g. an MCP server)")
     env_config: dict[str, Any] = Field(default_factory=dict, description="the environment's settings")
     tools_file: str | None = Field(None, description="take the tools from this JSON/JSONL file of tool declarations")
-    policy: str | None = Field(None, description="the domain policy (default: the env's, else each seed's system text)")
+    policy: str | None = Field(None, description="the domain policy (default: each seed's system text, else the env's)")
     policy_file: str | None = Field(None, description="read the domain policy from this text file")
     prefilter: bool = Field(True, description="the judge checks each seed before synthesis; rejected seeds are filtered")
     samples_per_seed: int = Field(2, ge=1)
     max_seeds: int | None = Field(None, ge=1)
     temperature: float = 0.8
     max_seed_chars: int = Field(6000, description="longer seed transcripts are cut to keep prompts small")
+    tasks: TaskSourceConfig | None = Field(None, description="the environment's tasks, for `trajforge envs check "
+                                                             "--config` (Simia itself writes from its seeds)")
 
     @model_validator(mode="after")
     def _one_source_each(self) -> SimiaSFTConfig:
@@ -121,11 +126,17 @@ class SimiaSFT(GenerationMethod):
     Config = SimiaSFTConfig
     templates = (SYSTEM, USER, POLICY, FORMAT_HELP, PREFILTER_SYSTEM, PREFILTER_USER)
     config: SimiaSFTConfig
+    roles = (Role("seed checker", "pre-filters the seeds (complete, consistent, well-formed)", ("judge",)),)
+
+    def roles_in_use(self) -> list[Role]:
+        return list(self.roles) if self.config.prefilter else []
 
     def __init__(self, config: SimiaSFTConfig, llm: Any):
         super().__init__(config, llm)
         self._seeds: list[Trajectory] | None = None
         self._skipped_seeds = 0
+        self._failed_seeds = 0
+        self._env_policy: str | None = None
         self._seen: set[str] = set()
         # Tools and policy shared by every seed (from a file, the config or an environment), with their source.
         self._tools: list[Tool] | None = None
@@ -137,8 +148,10 @@ class SimiaSFT(GenerationMethod):
     def seeds(self) -> list[Trajectory]:
         if self._seeds is None:
             loaded = load_seeds(self.config.seeds)
-            seeds = [s for s in loaded if any(step.kind == "api" for step in s.steps)]
-            self._skipped_seeds = len(loaded) - len(seeds)
+            usable = [s for s in loaded if s.success is not False]  # a failed episode is no example to follow
+            self._failed_seeds = len(loaded) - len(usable)
+            seeds = [s for s in usable if any(step.kind == "api" for step in s.steps)]
+            self._skipped_seeds = len(usable) - len(seeds)
             if self.config.max_seeds is not None:
                 seeds = seeds[: self.config.max_seeds]
             self._seeds = seeds
@@ -162,8 +175,7 @@ class SimiaSFT(GenerationMethod):
             factory = EnvFactory(EnvSpec(env=self.config.env, env_config=self.config.env_config), self.llm)
             async with factory.make() as env:
                 self._tools = env.tools()
-                if self._policy_source is None and env.policy:
-                    self._policy, self._policy_source = env.policy, "env"
+                self._env_policy = env.policy or None
             described = factory.describe()
             self._tools_source = {"kind": "env", "env": described["name"], "config": described["config"]}
             await factory.aclose()
@@ -175,11 +187,13 @@ class SimiaSFT(GenerationMethod):
         return seed.tools, {"kind": "seed", "seed": seed.id}
 
     def policy_for(self, seed: Trajectory) -> tuple[str | None, str | None]:
-        """(policy text, its source: config / policy_file / env / seed), or (None, None)."""
+        """(policy text, its source: config / policy_file / seed / env), or (None, None)."""
         if self._policy_source is not None:
             return self._policy, self._policy_source
         text = system_text(seed.steps)
-        return (text, "seed") if text else (None, None)
+        if text:
+            return text, "seed"
+        return (self._env_policy, "env") if self._env_policy else (None, None)
 
     def tasks(self) -> Iterable[TaskSpec]:
         for index, seed in enumerate(self.seeds()):
@@ -194,6 +208,8 @@ class SimiaSFT(GenerationMethod):
         summary = await super().run(tasks, output, progress=progress)
         if self._skipped_seeds:
             summary.report["seeds without tool calls (not used)"] = self._skipped_seeds
+        if self._failed_seeds:
+            summary.report["seeds whose episode failed (not used)"] = self._failed_seeds
         return summary
 
     # ---- pre-filter -----------------------------------------------------------------------------
@@ -203,7 +219,8 @@ class SimiaSFT(GenerationMethod):
         future = self._verdicts.get(index)
         if future is None:
             messages = [{"role": "system", "content": PREFILTER_SYSTEM}, {"role": "user", "content": prompt}]
-            future = asyncio.ensure_future(self.judge_llm.structured(messages, SeedVerdict, temperature=0.0))
+            future = asyncio.ensure_future(self.model_for("seed checker").structured(messages, SeedVerdict,
+                                                                                         temperature=0.0))
             self._verdicts[index] = future
         return future
 
@@ -231,7 +248,7 @@ class SimiaSFT(GenerationMethod):
             if verdict is None:
                 result.fail(task.id, "seed_prefilter", "no valid verdict from the judge", {"seed": seed.id})
                 return result
-            checked = {"usable": verdict.usable, "reason": verdict.reason, "model": self.judge_name}
+            checked = {"usable": verdict.usable, "reason": verdict.reason, "model": self.model_name_for("seed checker")}
             if not verdict.usable:
                 if sample == 0:  # the seed is filtered once; its other samples are only counted
                     rejected = seed.model_copy(update={"details": {**seed.details, "seed_prefilter": checked}})

@@ -31,11 +31,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from envs.spec import check_env
+from envs.tasks import TaskSourceConfig
 from filters import step_judge, step_rules
 from filters.vision import PageImages
-from generators.base import GenerationMethod, MethodConfig, RunSummary, TaskResult, TaskSpec
+from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
 from generators.transcript import system_text
 from schemas.models import Trajectory
@@ -63,6 +65,17 @@ class StepVerifyConfig(MethodConfig):
                                                  "system turn, else its environment's policy)")
     max_page_chars: int = Field(step_judge.PAGE_CHARS, ge=200,
                                 description="text of each web page before and after a judged step")
+    # The world the input was recorded in, optional: `trajforge envs check --config` checks it, and its policy is
+    # the judge's rules for trajectories that carry none of their own and record no environment.
+    env: str | None = Field(None, description="the environment the input trajectories were recorded in")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="its settings")
+    tasks: TaskSourceConfig | None = Field(None, description="its tasks, for `trajforge envs check --config`")
+
+    @model_validator(mode="after")
+    def _known_env(self) -> StepVerifyConfig:
+        if self.env:
+            check_env(self.env, self.env_config)
+        return self
 
 
 def agreement_report(counts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -88,6 +101,10 @@ class StepVerify(GenerationMethod):
     Config = StepVerifyConfig
     templates = step_judge.TEMPLATES
     config: StepVerifyConfig
+    roles = (Role("step judge", "labels every agent step good or bad", ("judge",)),)
+
+    def roles_in_use(self) -> list[Role]:
+        return list(self.roles) if self.config.verifier != "rules" else []
 
     def __init__(self, config: StepVerifyConfig, llm: Any):
         super().__init__(config, llm)
@@ -117,6 +134,10 @@ class StepVerify(GenerationMethod):
             policy = self._env_policy(env["name"], step_rules.env_config_of(traj))
             if policy:
                 return policy, "env"
+        if self.config.env:
+            policy = self._env_policy(self.config.env, self.config.env_config)
+            if policy:
+                return policy, "env"
         return None, "none"
 
     def _env_policy(self, name: str, config: dict[str, Any]) -> str | None:
@@ -137,7 +158,7 @@ class StepVerify(GenerationMethod):
         labels: dict[int, tuple[str, str]] = {}
         policy, source = self.policy_of(traj)
         result.counts[f"policy_{source}"] += 1
-        judged = await step_judge.judge_trajectory(self.judge_llm, traj.steps, indices, policy=policy,
+        judged = await step_judge.judge_trajectory(self.model_for("step judge"), traj.steps, indices, policy=policy,
                                                    images=self.images, counts=result.counts,
                                                    page_chars=self.config.max_page_chars)
         for i, j in judged.items():

@@ -21,10 +21,11 @@ pages (`browser`: real pages in Chromium; `simulated` in web mode; the `web` sho
    policy where it has one) has the spec in its system prompt as guidance, and acts through the
    one episode loop until the episode ends or `max_steps`. A MiniWoB page is seeded (`seed` + the
    replay index) and gives its own reward; other pages have no check of their own.
-5. **judge**: the judge model (`judge.llm`) sees the task, the tutorial's expected outcome, the
-   action log (actions and the pages' short answers), the agent's final answer and the final page
-   (URL, screenshot path, accessibility tree; the screenshot itself with `judge.vision`, see
-   `filters.vision`) and answers `{reason, success}`.
+5. **judge**: the judge model (`judge.llm`) sees, as AgentTrek's evaluator, the task, the tutorial's
+   expected outcome and the whole replay: every agent step (reasoning and action) with the page it
+   led to (URL, screenshot path, accessibility tree cut at `max_step_page_chars`), the agent's final
+   answer and the final page in full; with `judge.vision` the screenshots of the replay go along in
+   order (up to `max_judge_images`, see `filters.vision`). It answers `{reason, success}`.
 6. **keep**: `success` comes from the environment's own check where the task has one (MiniWoB's
    reward; `success_from: env`, the default) and from the judge otherwise (or always, with
    `success_from: judge`); their agreement is recorded and counted. An unsuccessful replay is
@@ -48,11 +49,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from backends.errors import LLMRequestError
 from envs.base import Evaluation, Task
-from envs.browser.sites import action_log
-from filters.step_judge import describe_page
+from filters.step_judge import cut_head, describe_page, numbered_path, screenshots
 from filters.vision import PageImages
 from generators._episode import Episode, play_episode
-from generators.base import TaskResult, TaskSpec
+from generators.base import Role, RoleModel, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.registry import register_method
@@ -88,13 +88,14 @@ GUIDANCE = (
 ATTEMPT = "(Attempt {n}.)"
 JUDGE_SYSTEM = (
     "You judge whether a web agent accomplished a task it learned from a tutorial. You see the task, the "
-    "outcome the tutorial expects, the agent's actions with the pages' short answers, its final answer, and "
-    "the final page: its URL, its screenshot (the file's path, and the image when attached) and its "
-    "accessibility tree. Judge only by what the log and the final page show. Answer with a JSON object "
-    "{\"reason\": str, \"success\": bool}: success is true only if the task was done."
+    "outcome the tutorial expects and the whole replay: every step of the agent (its reasoning and its "
+    "action) with the page it led to (URL, screenshot path, accessibility tree; the screenshots themselves, "
+    "in order, when attached), its final answer, and the final page in full. Judge by what the replay shows. "
+    "Answer with a JSON object {\"reason\": str, \"success\": bool}: success is true only if the task was done."
 )
 JUDGE_USER = (
-    "JUDGE THIS REPLAY\nTask: {instruction}\nExpected outcome: {expected_outcome}\n\n# Actions\n{log}\n\n"
+    "JUDGE THIS REPLAY\nTask: {instruction}\nExpected outcome: {expected_outcome}\n\n"
+    "# Replay (agent steps are numbered; SEEN: what each step led to)\n{log}\n\n"
     "# Final answer of the agent\n{answer}\n\n# Final page\n{page}"
 )
 
@@ -143,8 +144,13 @@ class TutorialReplayConfig(EnvMethodConfig):
     success_from: Literal["env", "judge"] = Field(
         "env", description="env: the environment's own check decides where the task has one, else the judge")
     keep_failed: bool = False
-    max_log_chars: int = Field(6000, ge=500, description="of the action log the judge reads (its end)")
+    teacher: RoleModel = Field(default_factory=RoleModel, description="the model that classifies tutorials and writes "
+                                                                      "their specs; default: the judge model")
+    max_log_chars: int = Field(6000, ge=500, description="of the replay's steps the judge reads (their end)")
+    max_step_page_chars: int = Field(1500, ge=100, description="of each page's text in the replay the judge reads")
     max_page_chars: int = Field(12000, ge=500, description="of the final page's text the judge reads")
+    max_judge_images: int = Field(8, ge=1, description="screenshots of the replay shown to a judge that takes images "
+                                                       "(judge.vision): the first page's and the last ones")
 
     @model_validator(mode="after")
     def _sites_can_be_opened(self) -> TutorialReplayConfig:
@@ -278,6 +284,9 @@ class TutorialReplay(EnvMethod):
                  GUIDANCE, ATTEMPT, JUDGE_SYSTEM, JUDGE_USER)
     uses_task_source: ClassVar[bool] = False
     config: TutorialReplayConfig
+    roles = (Role("classifier", "keeps the tutorials and names their sites", ("teacher", "judge")),
+             Role("spec writer", "turns a tutorial into a task spec", ("teacher", "judge")),
+             Role("judge", "grades each replay", ("judge",)))
 
     def __init__(self, config: TutorialReplayConfig, llm: Any):
         super().__init__(config, llm)
@@ -330,7 +339,7 @@ class TutorialReplay(EnvMethod):
     async def _after_prefilter(self, task: TaskSpec, title: str, text: str, matched: list[str],
                                result: TaskResult) -> None:
         sites = "\n".join(f"- {s.name}: {s.description}" for s in self.sites.values())
-        verdict: Any = await self.llm.structured(
+        verdict: Any = await self.model_for("classifier").structured(
             [{"role": "system", "content": CLASSIFY_SYSTEM.format(sites=sites)},
              {"role": "user", "content": CLASSIFY_USER.format(title=title, text=text)}], self.classification)
         if verdict is None:
@@ -346,7 +355,7 @@ class TutorialReplay(EnvMethod):
                           f"site not served: {verdict.reason}")
             return
         site = self.sites[verdict.site]
-        spec = await self.llm.structured(
+        spec = await self.model_for("spec writer").structured(
             [{"role": "system", "content": SPEC_SYSTEM.format(
                 site=site.name, description=site.description,
                 start=SPEC_START_MINIWOB if site.miniwob else SPEC_START_PAGES,
@@ -385,14 +394,12 @@ class TutorialReplay(EnvMethod):
 
     async def _judge(self, task: Task, spec: TaskSpecification, steps: list[Step], result: TaskResult) -> Any:
         page = next((s for s in reversed(steps) if isinstance(s, WebObservation)), None)
-        log = action_log(steps) or "(no action)"
-        if len(log) > self.config.max_log_chars:
-            log = "[...]\n" + log[-self.config.max_log_chars:]
+        log = numbered_path(steps, self.config.max_step_page_chars) or "(no step)"
         prompt = JUDGE_USER.format(
-            instruction=task.instruction, expected_outcome=spec.expected_outcome or "(not stated)", log=log,
-            answer=final_answer(steps) or "(none)",
+            instruction=task.instruction, expected_outcome=spec.expected_outcome or "(not stated)",
+            log=cut_head(log, self.config.max_log_chars), answer=final_answer(steps) or "(none)",
             page=describe_page(page, self.config.max_page_chars) if page is not None else "(no page)")
-        shots = [page.screenshot] if page is not None else []
+        shots = screenshots(steps, self.config.max_judge_images)
         return await self.images.ask(self.judge_llm, JUDGE_SYSTEM, prompt, shots, JudgeVerdict, result.counts)
 
     async def _judge_and_keep(self, tutorial: TaskSpec, k: int, task: Task, spec: TaskSpecification, episode: Episode,

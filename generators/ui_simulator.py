@@ -6,9 +6,11 @@ One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in
 `real_states`):
 
 1. **explore** — reset the env on a page to explore from (`start_urls` in turn; else the task
-   source's tasks; else the env's generator) and take a short seeded random walk (`walk_steps`
-   actions from `generators.page_walk`: clicks, plausible text typed into text boxes, options
-   chosen; no model call), collecting the pages and the actions that led to them. In a real
+   source's tasks; else the env's generator) and take `walk_steps` exploring actions: the teacher
+   explores with step-wise task control (`explore: teacher`, `generators.explorer`: it writes a
+   guide, acts under it, and writes the next guide when one is done), or a seeded random walk
+   (`explore: random`, `generators.page_walk`: no model call), collecting the pages and the
+   actions that led to them. In a real
    world (anything but the simulated env) the pages of the walk and of every rollout are
    recorded to the state store `real_states` (JSONL under the output directory), which seeds the
    simulated web env later (`env_config.real_states`; `envs/simulated/real_states.py`).
@@ -18,13 +20,16 @@ One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in
 3. **rollout** — the agent (`AgentPolicy`) attempts each task up to `attempts` times
    (attempt k > 0 marks its prompt, so each is its own cache entry); a task is **dropped**
    after `max_failures` failed attempts (counted in `dropped_tasks` and per failure reason).
-4. **judge** — the model judges each attempt (structured `{reasoning, success}`) against the
-   instruction and the expected outcome. Failed attempts are filtered by "completion" with the
+4. **judge** — the judge model judges each attempt (structured `{reasoning, success}`) against the
+   instruction and the expected outcome, reading every step with the page it led to and, with
+   `judge.vision`, the pages' screenshots. Failed attempts are filtered by "completion" with the
    reason ("unsuccessful: ...", "no verdict: ...", "max_parse_failures: ...") unless `keep_failed`.
-5. **rewrite** — retrospective relabeling: the model rewrites the instruction to match what the
-   trajectory actually did (structured `{instruction}`); the trajectory's first user step gets
-   the rewritten instruction, `details` keeps the original, and `details["rewrites"]` declares
-   every action's context rewritten (the agent answered the original instruction).
+5. **rewrite** — retrospective relabeling: the relabeller rewrites the instruction to match what
+   the trajectory actually did and each action's thought to reason toward it (structured
+   `{instruction, thoughts}`, one thought per action, as the paper's trajectory wrapper); the
+   first user step gets the rewritten instruction, each action the rewritten thought (the agent's
+   own in `extra["original_thought"]`), `details` keeps the original instruction, and
+   `details["rewrites"]` declares every action written (its thought is the relabeller's).
 6. **grow** (`grow: true`, UI-Simulator-Grow) — after the rounds, the tasks of the last generation
    are ranked by the *student's* teacher-forcing loss on their kept trajectories (`student.llm`: the
    model being trained, served behind the OpenAI-compatible API with vLLM's `prompt_logprobs`, or
@@ -53,7 +58,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, create_model, model_validator
 
 from backends.base import LLM
 from backends.errors import LLMRequestError
@@ -62,14 +67,18 @@ from envs.base import Environment, Task
 from envs.pages import describe_action, page_elements
 from envs.simulated.env import SimulationError
 from envs.simulated.real_states import StateStore, states_from_steps
+from envs.tasks import MAX_TASKS
+from filters.step_judge import cut_head, numbered_path, screenshots
+from filters.vision import PageImages
+from generators import explorer
 from generators._episode import Episode, play_episode
-from generators.base import MAX_TASKS, RoleModel, RunSummary, TaskResult, TaskSpec
+from generators.base import Role, RoleModel, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.page_walk import random_action
 from generators.registry import register_method
 from generators.rollout import ATTEMPT
 from generators.student import trajectory_loss
-from generators.transcript import render_transcript, tools_block
+from generators.transcript import tools_block
 from schemas.models import Rewrite as StepRewrite
 from schemas.models import Step, TextObservation, Trajectory, WebObservation
 from schemas.store import Dataset
@@ -85,16 +94,20 @@ PROPOSE_SYSTEM = (
 PROPOSE_USER = "PROPOSE TASKS (round {round}): write {n} tasks.\nAgent actions (JSON, one per line):\n{tools}\n\nPages seen:\n{pages}"
 JUDGE_SYSTEM = (
     "You judge whether a web agent completed a task. You see the task, its expected outcome and the "
-    'transcript (actions and pages). Answer with a JSON object {"reasoning": str, "success": bool}: success '
-    "only if the transcript shows the expected outcome reached."
+    "transcript: every agent step (its thought and action, numbered) with the page it led to (URL, screenshot "
+    "path, accessibility tree; the screenshots themselves, in order, when attached). Answer with a JSON object "
+    '{"reasoning": str, "success": bool}: success only if the transcript shows the expected outcome reached.'
 )
 JUDGE_USER = "JUDGE TASK COMPLETION\nTask: {instruction}\nExpected outcome: {expected}\n\nTranscript:\n{transcript}"
 REWRITE_SYSTEM = (
     "You relabel agent trajectories. Rewrite the task instruction so that it asks for exactly what the "
     "agent actually did and achieved in the transcript (keep the user's voice, be specific, do not mention "
-    'the agent). Answer with a JSON object {"instruction": str}.'
+    "the agent), and rewrite the thought of every numbered agent step, in order, so that it reasons toward "
+    "that instruction: keep what the step saw on the page and the action it took, drop what spoke of another "
+    'task. Answer with a JSON object {"instruction": str, "thoughts": [str, ...]}, one thought per agent step.'
 )
-REWRITE_USER = "REWRITE INSTRUCTION\nOriginal task: {instruction}\n\nTranscript:\n{transcript}"
+REWRITE_USER = "REWRITE INSTRUCTION\nOriginal task: {instruction}\nAgent steps: {n}\n\nTranscript:\n{transcript}"
+PROPOSE_EXPLORED = "\n\nWhat the explorer did (guide: its steps):\n{guides}"
 VARIANT_SYSTEM = (
     "You grow a curriculum of web tasks. Given a task the agent solves only sometimes, write variants on the "
     "same site: some harder (more constraints or steps), some easier (fewer). Answer with a JSON object "
@@ -123,6 +136,13 @@ class Verdict(BaseModel):
 
 class Rewrite(BaseModel):
     instruction: str
+    thoughts: list[str]
+
+
+def rewrite_model(n: int) -> type[Rewrite]:
+    """The relabeller's answer for a trajectory of `n` agent steps: exactly one thought per step."""
+    return create_model("Rewrite", __base__=Rewrite,  # type: ignore[call-overload, no-any-return]
+                        thoughts=(list[str], Field(min_length=n, max_length=n)))
 
 
 class Variant(BaseModel):
@@ -142,6 +162,9 @@ class UISimulatorConfig(EnvMethodConfig):
     rounds: int = Field(2, ge=1, le=MAX_TASKS, description="proposal rounds (the method's tasks)")
     tasks_per_round: int = Field(3, ge=1, le=MAX_TASKS, description="tasks proposed per round")
     walk_steps: int = Field(2, ge=0, description="exploring actions (clicks, typing, choices) before proposing")
+    explore: Literal["teacher", "random"] = Field(
+        "teacher", description="teacher: the teacher model explores with step-wise task control (UI-Simulator); "
+                               "random: a seeded random walk (no model call)")
     start_urls: list[str] = Field(default_factory=list, description="pages to explore from, one per round in turn "
                                   "(browser: absolute or relative to env_config.site_dir / base_url; default there: "
                                   "the site's root); else the task source's tasks, else the env's task generator")
@@ -149,12 +172,15 @@ class UISimulatorConfig(EnvMethodConfig):
                                     "simulated one) are recorded, for seeding the simulated web env (a JSONL path, "
                                     "relative to the output directory); null: not recorded")
     attempts: int = Field(2, ge=1, description="rollouts per proposed task")
-    max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped")
+    max_failures: int = Field(2, ge=1, description="failed attempts after which a task is dropped (not with grow: "
+                                                  "growth measures each task over all its attempts)")
     max_steps: int = Field(12, ge=1)
     max_parse_failures: int = Field(2, ge=1)
     rewrite: bool = Field(True, description="relabel kept trajectories with what they actually did")
     keep_failed: bool = False
     grow: bool = False
+    teacher: RoleModel = Field(default_factory=RoleModel, description="the model that explores, proposes tasks, "
+                               "relabels and writes variants; default: the judge model")
     student: RoleModel = Field(default_factory=RoleModel, description="the model being trained, scored by its "
                                "teacher-forcing loss (prompt logprobs); unset: tasks are chosen by success rate")
     band_low: float = Field(0.25, ge=0, le=1, description="lower percentile of student loss (else: success rate)")
@@ -162,7 +188,10 @@ class UISimulatorConfig(EnvMethodConfig):
     variants_per_task: int = Field(2, ge=1)
     grow_rounds: int = Field(1, ge=1, description="generations of variants")
     max_page_chars: int = Field(3000, ge=200, description="per page shown to the proposer")
-    max_transcript_chars: int = Field(8000, ge=500)
+    max_transcript_chars: int = Field(8000, ge=500, description="of a trajectory the judge and the relabeller read "
+                                                                 "(its end)")
+    max_step_page_chars: int = Field(1500, ge=100, description="of each page's text in that trajectory")
+    max_judge_images: int = Field(8, ge=1, description="screenshots shown to a judge that takes images (judge.vision)")
 
     @model_validator(mode="after")
     def _band(self) -> UISimulatorConfig:
@@ -215,16 +244,27 @@ class UISimulator(EnvMethod):
 
     name = "ui_simulator"
     Config = UISimulatorConfig
-    templates = (PROPOSE_SYSTEM, PROPOSE_USER, JUDGE_SYSTEM, JUDGE_USER, REWRITE_SYSTEM, REWRITE_USER,
-                 VARIANT_SYSTEM, VARIANT_USER, ATTEMPT)
+    templates = (PROPOSE_SYSTEM, PROPOSE_USER, PROPOSE_EXPLORED, JUDGE_SYSTEM, JUDGE_USER, REWRITE_SYSTEM, REWRITE_USER,
+                 VARIANT_SYSTEM, VARIANT_USER, ATTEMPT, *explorer.TEMPLATES)
     config: UISimulatorConfig
     uses_task_source = False
+    roles = (Role("explorer", "explores the site with step-wise task control", ("teacher", "judge")),
+             Role("proposer", "proposes tasks from the explored pages", ("teacher", "judge")),
+             Role("judge", "grades each attempt", ("judge",)),
+             Role("relabeller", "rewrites a kept attempt's instruction to what it did", ("teacher", "judge")),
+             Role("variant writer", "writes harder and easier variants of the selected tasks", ("teacher", "judge")))
+
+    def roles_in_use(self) -> list[Role]:
+        used = {"relabeller": self.config.rewrite, "variant writer": self.config.grow,
+                "explorer": self.config.explore == "teacher" and self.config.walk_steps > 0}
+        return [r for r in super().roles_in_use() if used.get(r.name, True)]
 
     def __init__(self, config: UISimulatorConfig, llm: Any):
         super().__init__(config, llm)
         self.student: LLM | None = None
         self._warned_fallback = False
         self.states: StateStore | None = None
+        self.images = PageImages(None, config.judge.vision)
         self._starts: list[Task] | None = None
 
     def tasks(self) -> Iterable[TaskSpec]:
@@ -234,17 +274,14 @@ class UISimulator(EnvMethod):
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         """The proposal rounds, then (grow) one run per generation over the selected tasks' variants."""
         summary = await super().run(tasks, output, progress=progress)
-        try:
-            for depth in range(1, self.config.grow_rounds + 1 if self.config.grow else 1):
-                self.student = self.role_llm("student", output)
-                chosen = await self.select_for_growth(grown_tasks(output, depth - 1), summary)
-                specs = [TaskSpec(id=f"{g.node.task.id}/grow", payload={"grow": decision, **_node_payload(g)})
-                         for g, decision in chosen]
-                if not specs:
-                    break
-                summary = summary.merge(await super().run(specs, output, progress=progress))
-        finally:
-            await self.close_role_llms()
+        self.student = self.field_models.get("student")
+        for depth in range(1, self.config.grow_rounds + 1 if self.config.grow else 1):
+            chosen = await self.select_for_growth(grown_tasks(output, depth - 1), summary)
+            specs = [TaskSpec(id=f"{g.node.task.id}/grow", payload={"grow": decision, **_node_payload(g)})
+                     for g, decision in chosen]
+            if not specs:
+                break
+            summary = summary.merge(await super().run(specs, output, progress=progress))
         return summary
 
     # ---- the round ----------------------------------------------------------------------------
@@ -264,6 +301,7 @@ class UISimulator(EnvMethod):
 
     def prepare(self, output: Dataset) -> None:
         super().prepare(output)
+        self.images = PageImages(Path(output.path), self.config.judge.vision)  # screenshots sit beside the shards
         # A real world's pages are recorded (a simulated one's are the model's own writing).
         real = not getattr(self.envs.cls, "needs_llm", False)
         self.states = StateStore(Path(output.path) / self.config.real_states) if real and self.config.real_states else None
@@ -298,31 +336,24 @@ class UISimulator(EnvMethod):
 
     async def _round(self, spec: TaskSpec, r: int, result: TaskResult) -> None:
         tools = self.tools
+        explored: explorer.Exploration | None = None
         async with self.make_env() as env:
             base = self._explore_from(env, r)
             opening = await env.reset(base)
-            walked: list[Step] = list(opening)  # the pages and the actions that led to them
-            pages: list[WebObservation] = [s for s in opening if isinstance(s, WebObservation)]
-            how: list[str] = [""] * len(pages)
-            rng = random.Random(f"ui-simulator-walk-{self.config.seed}-{r}")
-            tried: set[tuple[str, ...]] = set()
-            for _ in range(self.config.walk_steps):
-                action = random_action(pages[-1], tools, rng, tried) if pages else None
-                if action is None:
-                    break
-                step = await env.step(action)
-                if step.info.get("error") or not isinstance(step.observation, WebObservation):
-                    continue
-                how.append(describe_action(action, page_elements(pages[-1].axtree)))
-                walked += [action, step.observation]
-                pages.append(step.observation)
-                if step.done:
-                    break
+            if self.config.explore == "teacher" and self.config.walk_steps:
+                explored = await explorer.explore(env, self.model_for("explorer"), tools, opening,
+                                                  self.config.walk_steps, self.config.max_page_chars, result.counts)
+                walked, pages, how = explored.steps, explored.pages, explored.how
+            else:
+                walked, pages, how = await self._random_walk(env, opening, r)
         self._record(walked, "walk", base.id, result)
         result.counts["explored_pages"] += len(pages)
         shown = "\n\n".join(_page_block(i, p, done, self.config.max_page_chars)
                             for i, (p, done) in enumerate(zip(pages, how), 1))
-        proposals = await self.llm.structured(
+        if explored is not None and explored.guides:
+            shown += PROPOSE_EXPLORED.format(guides="\n".join(
+                f"- {g['guide']}: {'; '.join(g['steps']) or '(no step taken)'}" for g in explored.guides))
+        proposals = await self.model_for("proposer").structured(
             [{"role": "system", "content": PROPOSE_SYSTEM},
              {"role": "user", "content": PROPOSE_USER.format(round=r, n=self.config.tasks_per_round,
                                                              tools=tools_block(tools), pages=shown)}], Proposals)
@@ -338,11 +369,36 @@ class UISimulator(EnvMethod):
         for j, p in enumerate(proposals.tasks[: self.config.tasks_per_round]):
             task = base.model_copy(update={"id": f"{spec.id}/t{j}", "instruction": p.instruction, "params": params,
                                            "metadata": {"expected_outcome": p.expected_outcome}})
-            await self._attempts(_Node(task, p.expected_outcome), tools, r, walk, result)
+            await self._attempts(_Node(task, p.expected_outcome), tools, r, walk, result,
+                                 explored.as_dict() if explored is not None else {"mode": "random"})
+
+    async def _random_walk(self, env: Environment, opening: list[Step],
+                           r: int) -> tuple[list[Step], list[WebObservation], list[str]]:
+        """`walk_steps` seeded random exploring actions (`generators.page_walk`): the steps, the pages, how each was
+        reached."""
+        walked: list[Step] = list(opening)  # the pages and the actions that led to them
+        pages: list[WebObservation] = [s for s in opening if isinstance(s, WebObservation)]
+        how: list[str] = [""] * len(pages)
+        rng = random.Random(f"ui-simulator-walk-{self.config.seed}-{r}")
+        tried: set[tuple[str, ...]] = set()
+        for _ in range(self.config.walk_steps):
+            action = random_action(pages[-1], self.tools, rng, tried) if pages else None
+            if action is None:
+                break
+            step = await env.step(action)
+            if step.info.get("error") or not isinstance(step.observation, WebObservation):
+                continue
+            how.append(describe_action(action, page_elements(pages[-1].axtree)))
+            walked += [action, step.observation]
+            pages.append(step.observation)
+            if step.done:
+                break
+        return walked, pages, how
 
     # ---- one task: attempts, judge, rewrite -----------------------------------------------------
 
-    async def _attempts(self, node: _Node, tools: list[Any], r: int, walk: list[str | None], result: TaskResult) -> None:
+    async def _attempts(self, node: _Node, tools: list[Any], r: int, walk: list[str | None], result: TaskResult,
+                        explored: dict[str, Any] | None = None) -> None:
         cfg = self.config
         for a in range(cfg.attempts):
             task = node.task
@@ -357,8 +413,10 @@ class UISimulator(EnvMethod):
             result.counts["attempts"] += 1
             result.counts["parse_failures"] += episode.parse_failures
             trajectory = self._trajectory(node, a, episode, tools, r, walk)
+            if explored is not None:
+                trajectory.details["explore"] = explored
             failed = episode.stop_reason == "max_parse_failures"
-            verdict = None if failed else await self._judge(node, episode)
+            verdict = None if failed else await self._judge(node, episode, result)
             if verdict is not None:
                 trajectory.details["judge"] = verdict.model_dump()
             if verdict is not None and verdict.success:
@@ -381,41 +439,50 @@ class UISimulator(EnvMethod):
                 result.trajectories.append(trajectory)
             else:
                 result.reject(trajectory, "completion", reason)
-            if len(node.failures) >= cfg.max_failures:
+            if len(node.failures) >= cfg.max_failures and not cfg.grow:
+                # Grow measures every task over all its attempts (its success rate, its kept trajectories):
+                # a task cut short at max_failures could only ever be selected with fewer failures than that.
                 result.counts["dropped_tasks"] += 1
                 break
 
     def _transcript(self, steps: list[Step]) -> str:
-        text = render_transcript(steps)
-        limit = self.config.max_transcript_chars
-        return text if len(text) <= limit else "[...]\n" + text[-limit:]
+        """A trajectory as the judge and the relabeller read it: its numbered steps with the pages they led to."""
+        return cut_head(numbered_path(steps, self.config.max_step_page_chars), self.config.max_transcript_chars)
 
-    async def _judge(self, node: _Node, episode: Episode) -> Verdict | None:
-        return await self.judge_llm.structured(
-            [{"role": "system", "content": JUDGE_SYSTEM},
-             {"role": "user", "content": JUDGE_USER.format(instruction=node.task.instruction, expected=node.expected,
-                                                           transcript=self._transcript(episode.steps))}], Verdict)
+    async def _judge(self, node: _Node, episode: Episode, result: TaskResult) -> Verdict | None:
+        prompt = JUDGE_USER.format(instruction=node.task.instruction, expected=node.expected,
+                                   transcript=self._transcript(episode.steps))
+        return await self.images.ask(self.judge_llm, JUDGE_SYSTEM, prompt,
+                                     screenshots(episode.steps, self.config.max_judge_images), Verdict, result.counts)
 
     async def _relabel(self, trajectory: Trajectory, result: TaskResult) -> None:
         if not self.config.rewrite:
             return
         original = trajectory.details["original_instruction"]
-        answer = await self.llm.structured(
+        actions = [i for i, s in enumerate(trajectory.steps) if s.kind in ("api", "code", "message")]
+        answer = await self.model_for("relabeller").structured(
             [{"role": "system", "content": REWRITE_SYSTEM},
-             {"role": "user", "content": REWRITE_USER.format(instruction=original,
-                                                             transcript=self._transcript(trajectory.steps))}], Rewrite)
+             {"role": "user", "content": REWRITE_USER.format(instruction=original, n=len(actions),
+                                                             transcript=self._transcript(trajectory.steps))}],
+            rewrite_model(len(actions)))
         if answer is None or not answer.instruction.strip():
+            # Relabelled only as a whole: an instruction without thoughts to match would contradict its steps.
             result.counts["rewrite_failed"] += 1
             return
         first = next(s for s in trajectory.steps if isinstance(s, TextObservation) and s.source == "user")
         first.content = answer.instruction.strip()
         trajectory.details["rewritten_instruction"] = first.content
-        # The agent answered the original instruction: every action's request had it in place of this one.
-        actions = [i for i, s in enumerate(trajectory.steps) if s.kind in ("api", "code", "message")]
+        # As UI-Simulator's trajectory wrapper, every step's reasoning is rewritten for the new instruction (the
+        # thoughts the agent wrote spoke of the original task); what the agent wrote is kept in the step's extra.
+        for i, thought in zip(actions, answer.thoughts):
+            step = trajectory.steps[i]
+            trajectory.steps[i] = step.model_copy(update={"thought": thought.strip() or None,
+                                                          "extra": {**step.extra, "original_thought": step.thought}})
         trajectory.details["rewrites"] = [StepRewrite(
-            steps=actions, kind="context",
-            reason=f"the user's request (step {trajectory.steps.index(first)}) was relabelled after the episode; "
-                   "the agent answered details.original_instruction").model_dump()]
+            steps=actions, kind="written",
+            reason=f"the user's request (step {trajectory.steps.index(first)}) was relabelled after the episode and "
+                   "each action's thought rewritten for it (the actions are the agent's; it answered "
+                   "details.original_instruction)").model_dump()]
         result.counts["rewritten"] += 1
 
     def _trajectory(self, node: _Node, a: int, episode: Episode, tools: list[Any], r: int,
@@ -453,8 +520,7 @@ class UISimulator(EnvMethod):
     async def select_for_growth(self, pool: list[_Grown], summary: RunSummary) -> list[tuple[_Grown, dict[str, Any]]]:
         """The tasks to grow, each with why: by the student's loss band, else (warned, counted) by success rate."""
         cfg = self.config
-        live = [g for g in pool if len(g.node.failures) < cfg.max_failures]  # dropped tasks are not grown
-        summary.counts["grow_dropped_tasks"] += len(pool) - len(live)
+        live = pool  # with grow every task had all its attempts (max_failures drops none)
         if self.student is None:
             why = "no student model is configured (student.llm)"
         else:
@@ -538,7 +604,7 @@ class UISimulator(EnvMethod):
 
     async def _variants(self, node: _Node, decision: dict[str, Any], result: TaskResult) -> list[_Node]:
         cfg = self.config
-        answer = await self.llm.structured(
+        answer = await self.model_for("variant writer").structured(
             [{"role": "system", "content": VARIANT_SYSTEM},
              {"role": "user", "content": VARIANT_USER.format(n=cfg.variants_per_task, instruction=node.task.instruction,
                                                              expected=node.expected, successes=node.successes,

@@ -24,6 +24,7 @@ import yaml
 from converters.export import plots
 from converters.export.guide import training_section
 from converters.export.lengths import CHARS_PER_TOKEN
+from converters.export.roles import roles_section
 
 if TYPE_CHECKING:
     from converters.export.formats import Format
@@ -109,6 +110,7 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
         "distributions": dists,
         "decontamination": cfg.decontamination or (source_decontamination(source) if source is not None else None),
         "usage": report.usage.as_card(),
+        "roles": report.roles.as_card(),
         "templates": report.templates.as_card(),
     }
 
@@ -198,6 +200,7 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
         ]), "",
     ]
     parts += usage_section(data.get("usage") or {})
+    parts += roles_section(data.get("roles") or [])
     parts += training_section(data)
     parts += templates_section(data.get("templates") or [])
     if reasons:

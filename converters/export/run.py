@@ -30,6 +30,7 @@ from converters.export.mix import copies
 from converters.export.options import DPO_LEVELS, HISTORIES, KTO_MODES, SFT_LAYOUTS, FormatOptions
 from converters.export.records import COLUMNS, Batch, pair_refs
 from converters.export.render import Conversation, RenderOptions, Unrenderable
+from converters.export.roles import RoleReport
 from converters.export.sharegpt import DATASET_INFO
 from converters.export.templates import RowFeatures, TemplateReport
 from converters.export.tokenized import ChatTokenizer, TokenizerError
@@ -138,6 +139,8 @@ class ExportReport:
     usage: UsageReport = field(default_factory=UsageReport)
     # How TRL's bundled training templates render the written rows (conversational TRL formats).
     templates: TemplateReport = field(default_factory=TemplateReport)
+    # Roles beside acting that the acting model played itself, per method (`details.actor_roles`).
+    roles: RoleReport = field(default_factory=RoleReport)
 
     @property
     def skipped_total(self) -> int:
@@ -427,6 +430,7 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
         report.rewards.update(dict(zip(rewards.field("values").to_pylist(), rewards.field("counts").to_pylist())))
         report.step_labels.update(batch.action_labels(exported))
         report.usage.add_usage(batch, exported)
+        report.roles.add(batch, exported)
 
 
 def _masked_in_messages(fmt: Format, cfg: ExportConfig, opts: FormatOptions, inputs: Inputs,

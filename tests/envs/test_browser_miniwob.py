@@ -3,10 +3,9 @@ envs-check run of configs/browser_miniwob.yaml (reference solutions pass, doing 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import pytest
 import yaml

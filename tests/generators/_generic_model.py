@@ -6,13 +6,16 @@
 - Agent requests (tools in the request) follow the task's reference solution where the test gives
   one (`references`: task instruction -> actions): the next reference action not yet taken
   successfully. In an n-sample request, odd samples give up instead (a premature final message),
-  so searches see good and bad siblings. Without a reference, the agent calls the
+  so searches see good and bad siblings; so does a request sampled with an odd seed (an independent
+  draw: curriculum attempts, Monte Carlo step values), so draws vary. Without a reference, the agent calls the
   first tool with schema-valid arguments once, then answers.
 - A teacher reviewing a step (reflection) calls it wrong when it is not the next reference action
   (a premature final message included) and corrects it with that action; without references, a
   final message before any tool call is wrong and the correction calls the first tool.
 - A curriculum writer asked for tau2-style criteria writes the seed's criteria plus its first action
   once more (a new task the world can check; its one wrong solution does nothing).
+- An agent in `agent_mode: text` (its tools listed in its system prompt, `<tool_call>` blocks in its
+  history) is answered the same way, in text: a thought and one `<tool_call>` block.
 - Anything else (a persona user, a model-written revision) gets a short text; a persona user
   asks for help, then leaves with ###STOP###.
 """
@@ -120,6 +123,8 @@ class GenericModel:
             return "Thanks, that is all. ###STOP###"
         if body.get("tools"):
             return self._agent(body)
+        if TEXT_AGENT in system:  # an agent in agent_mode: text (tools listed in its system prompt)
+            return _as_text(self._agent({**body, "messages": _from_text(messages), "tools": _listed_tools(system)}))
         last = str(messages[-1].get("content") or "")
         if "Example conversation:" in last and "Write the new conversation now." in last:
             # A trajectory writer (Simia): the example itself is a valid conversation of these tools.
@@ -128,7 +133,9 @@ class GenericModel:
 
     def _agent(self, body: dict[str, Any]) -> Any:
         best = self._next(body)
-        return Samples([best, GIVE_UP]) if int(body.get("n") or 1) > 1 else best
+        if int(body.get("n") or 1) > 1:
+            return Samples([best, GIVE_UP])
+        return GIVE_UP if int(body.get("seed") or 0) % 2 else best
 
     def _next(self, body: dict[str, Any]) -> Any:
         messages = body["messages"]
@@ -188,6 +195,54 @@ class GenericModel:
 
 
 _CALL = re.compile(r"call (\w+)\((\{.*\})\)")
+# What the system prompt of an agent in agent_mode: text says (converters.export.request.TEXT_FORMAT).
+TEXT_AGENT = '<tool_call>{"name": "<tool name>"'
+_TEXT_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+def _from_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A text-mode conversation as function calling has it: `<tool_call>` blocks as tool calls, the "TOOL: "
+    user messages after them as their answers (ids positional)."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for i, m in enumerate(messages):
+        content = str(m.get("content") or "")
+        if m["role"] == "assistant" and _TEXT_CALL.search(content):
+            calls = []
+            for k, block in enumerate(_TEXT_CALL.findall(content)):
+                call = json.loads(block)
+                calls.append({"id": f"t{i}_{k}", "type": "function",
+                              "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments") or {})}})
+            pending = [c["id"] for c in calls]
+            out.append({"role": "assistant", "content": _TEXT_CALL.sub("", content).strip(), "tool_calls": calls})
+        elif m["role"] == "user" and content.startswith("TOOL: ") and pending:
+            out.append({"role": "tool", "tool_call_id": pending.pop(0), "content": content[len("TOOL: "):]})
+        else:
+            out.append(m)
+    return out
+
+
+def _listed_tools(system: str) -> list[dict[str, Any]]:
+    """The tools a text-mode system prompt lists (JSON lines), as function specs."""
+    tools = []
+    for line in system.splitlines():
+        if line.startswith('{"name":'):
+            try:
+                spec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            tools.append({"type": "function", "function": spec})
+    return tools
+
+
+def _as_text(answer: Any) -> Any:
+    """An agent's answer as a text-mode agent writes it: a thought, then one `<tool_call>` block."""
+    def one(a: Any) -> Any:
+        if isinstance(a, ToolCallAnswer):
+            args = a.arguments if isinstance(a.arguments, dict) else json.loads(a.arguments)
+            return f"I will call {a.name}.\n<tool_call>{json.dumps({'name': a.name, 'arguments': args})}</tool_call>"
+        return a
+    return Samples([one(a) for a in answer]) if isinstance(answer, Samples) else one(answer)
 
 
 def _calls_and_answers(history: str) -> list[tuple[re.Match[str], str]]:

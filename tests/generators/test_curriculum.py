@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backends.fake_server import FakeServer, Rule
+from backends.fake_server import FakeServer, Rule, Samples
 from envs.retail.env import RetailEnv
 from generators.curriculum import RewardTracker
 from generators.runner import generate, load_config
 from schemas.models import ApiAction, MessageAction
 from schemas.store import Dataset
-from tests.generators._generic_model import GenericModel
+from tests.generators._generic_model import GIVE_UP, GenericModel
 from tests.generators.test_reflection import FIND, ORDER, REASON
 from tests.generators.test_reflection import TASK as SEED
 from tests.generators.test_reflection import WRONG_REASON as OTHER_REASON
@@ -172,3 +172,41 @@ def test_a_variant_that_checks_what_the_seed_checks_is_not_new(tmp_path):
         asyncio.run(generate(load_config(cfg), tmp_path / "out"))
     reasons = {f.decision.reason for f in Dataset.open(tmp_path / "out").iter_records("filtered")}
     assert reasons == {"the new task checks exactly what the seed checks: it is not a new task"}
+
+
+def test_the_reward_variance_comes_from_independent_rollouts(tmp_path):
+    """DreamGym picks tasks by the variance of rewards over independent rollouts of the agent. A policy whose
+    first action never varies but whose later steps do (here: the draw seeded odd gives up after its first
+    call) must show that variance: every rollout samples every step with a seed of its own, so no request of one
+    rollout is answered from another's (cache or in-flight join)."""
+    references = _references()
+
+    def agent(body: dict) -> Any:
+        if not body.get("tools"):
+            return None
+        answer = GenericModel(references)._next(body)
+        acted = sum(1 for m in body["messages"] if m.get("tool_calls"))
+        if int(body.get("n") or 1) > 1:
+            return Samples([answer] * int(body["n"]))  # one first action, however many samples
+        return GIVE_UP if acted >= 1 and int(body.get("seed") or 0) % 2 else answer
+
+    model = GenericModel(references, judge=writer)
+    with FakeServer(rules=[Rule(fn=agent), Rule(fn=model)]) as server:
+        cfg = {"method": "curriculum", "env": "retail", "tasks": {"n": 1}, "rollouts": 4, "generations": 1,
+               "select": 1, "max_steps": 8, "concurrency": 1, "unit_tasks": 1,
+               "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                       "max_retries": 0, "request_timeout_s": 5}}
+        summary = asyncio.run(generate(load_config(cfg), tmp_path / "out"))
+        agent_requests = [e["body"] for e in server.log if "body" in e and e["body"].get("tools")]
+    kept = list(Dataset.open(tmp_path / "out").iter_records())
+    seed = sorted((t for t in kept if t.details["curriculum"]["generation"] == 0), key=lambda t: t.id)
+    assert [t.reward for t in seed] == [1.0, 0.0, 1.0, 0.0]
+    info = seed[0].details["curriculum"]
+    assert info["variance"] == 0.25 and info["mean_reward"] == 0.5 and info["in_band"]
+    assert [s["seed"] for s in info["samples"]] == [0, 1, 2, 3] and [s["reward"] for s in info["samples"]] == [1, 0, 1, 0]
+    # Each rollout's first request is its own (its own seed), sampled at the curriculum's temperature.
+    first = [b for b in agent_requests if not any(m.get("tool_calls") for m in b["messages"])]
+    assert sorted(b["seed"] for b in first if SEED.instruction in json.dumps(b["messages"])) == [0, 1, 2, 3]
+    assert all(b.get("temperature") == 1.0 and int(b.get("n") or 1) == 1 for b in first)
+    # The variance selected the seed: its variants were written and checked.
+    assert summary.counts["evolved_easier"] == 1

@@ -53,12 +53,13 @@ def test_spliced_masks_are_exact(result):
     assert [s.function for s in t.steps if s.kind == "api" and s.train] == [
         "find_user_id_by_name_zip", "get_order_details", "cancel_pending_order"]
     assert t.reward == 1.0 and t.success
-    # n6: wrong cancel after finding the user: prefix [1..3] trained, [4, 5] masked, [6] revision.
+    # n6: wrong cancel after finding the user: the prefix's action [2] and the bad segment [4, 5] masked (the
+    # whole bad path before the revision, as Agent-R), [6] revision.
     for key in ("n6+n1", "n10+n3", "n14+n4"):
         s = spliced[key]
-        assert masked(s.steps) == [4, 5]
+        assert masked(s.steps) == [2, 4, 5]
         assert s.details["splice"]["revision_index"] == 6 and s.steps[6].extra["kind"] == "revision"
-        assert all(st.train for st in s.steps[1:4])
+        assert s.steps[1].train and not s.steps[2].train
     # Tool call ids stay unique within a spliced trajectory.
     ids = [s.tool_call_id for s in t.steps if s.kind == "api"]
     assert len(ids) == len(set(ids))
@@ -74,11 +75,14 @@ def test_pairs_share_exactly_their_prefix(result):
         k = pair.prefix_len
         assert chosen.steps[:k] == rejected.steps[:k]
         assert chosen.steps[k] != rejected.steps[k] and chosen.steps[k].kind in ("api", "message")
-        assert pair.chosen_reward == 1.0 and pair.rejected_reward == 0.0
         if pair.level == "step":
             assert len(chosen.steps) == len(rejected.steps) == k + 1
+            # IPR's step rewards: the mean outcome of 5 seeded rollouts from after each step (draws 0 and 4 of the
+            # scripted agent solve the task; after the wrong cancel nothing can).
+            assert (pair.chosen_reward, pair.rejected_reward) == (0.4, 0.0)
         else:
             assert chosen.success and not rejected.success
+            assert pair.chosen_reward == 1.0 and pair.rejected_reward == 0.0
 
 
 def test_first_error_sources():
@@ -105,6 +109,9 @@ def test_splice_function_masks_bad_segment_up_to_the_error():
     steps, masked = splice(1, bad, good, error=3, revision="oops")
     assert masked == [1, 2, 3, 4]
     assert [s.train for s in steps] == [True, False, False, False, False, True, True, True]
+    # After a shared action, that action is masked too (context the world went through).
+    shared, masked_shared = splice(3, same + [a("x"), obs("x")], same + [a("y"), obs("y")], error=3, revision="oops")
+    assert masked_shared == [1, 3, 4] and shared[1].extra == {"masked": "context"} and not shared[1].train
     assert steps[5].content == "oops" and steps[6].function == "g1"
     assert [s.tool_call_id for s in steps if s.kind == "api"] == ["call_1", "call_3", "call_6"]
 
@@ -135,10 +142,56 @@ def test_model_written_revision_gets_the_error_context_and_is_spliced_trained():
         prompt = request.messages[0]["content"]
         assert task.instruction in prompt and f"The wrong step:\n{wrong}\n" in prompt
         assert f"Why it was wrong: {info['reason']}." in prompt and info["error_source"] == "llm"
-        # The model's text is the revision step; only the bad segment is masked.
+        # The model's text is the revision step; the bad path before it is masked.
         revision = traj.steps[info["revision_index"]]
         assert isinstance(revision, MessageAction) and revision.extra == {"kind": "revision"}
         assert revision.content == REVISION_ANSWER.format(step=wrong) and revision.train
         assert masked(traj.steps) == info["masked"]
-        assert info["masked"] == list(range(info["prefix_len"], info["revision_index"]))
+        prefix_actions = [i for i in range(info["prefix_len"]) if traj.steps[i].kind in ("api", "message")]
+        assert info["masked"] == prefix_actions + list(range(info["prefix_len"], info["revision_index"]))
         assert error_step.kind == "api" and not error_step.train and not traj.steps[info["first_error"] + 1].train
+
+
+def test_the_whole_bad_path_before_the_revision_is_masked_and_still_replays(result):
+    """Agent-R trains a revision trajectory from the revision on: every step of the bad path before it, the prefix
+    it shares with the good path included, is context with its loss masked. The world still went through that
+    prefix: a replay takes it (only the bad segment after it was undone)."""
+    from envs.base import transitions
+
+    spliced = {t.id.rsplit("/", 2)[-2]: t for t in result.trajectories if t.details["role"] == "spliced"}
+    s = spliced["n6+n1"]  # [2] find the user (shared with the good path), [4] the wrong cancel, [6] revision
+    info = s.details["splice"]
+    actions = [i for i, st in enumerate(s.steps) if st.kind in ("api", "message")]
+    assert [i for i in actions if s.steps[i].train] == [i for i in actions if i >= info["revision_index"]]
+    assert info["masked"] == [2, 4, 5] and masked(s.steps) == [2, 4, 5]
+    assert s.steps[2].function == "find_user_id_by_name_zip" and s.steps[2].extra == {"masked": "context"}
+    # A replay goes through the shared prefix and the good continuation, not the undone wrong cancel.
+    replayed = [a.function for a, _ in transitions(s.steps) if a.kind == "api"]
+    assert replayed == ["find_user_id_by_name_zip", "get_order_details", "cancel_pending_order"]
+
+
+def test_step_pairs_come_from_monte_carlo_step_rewards(result):
+    """IPR: each compared step's reward is the mean outcome of N rollouts from the state after it; a step pair is
+    made only when one side is better by its path's final reward and by its step reward (each by more than a
+    threshold), and the pair carries both estimates."""
+    steps = [p for p in result.pairs if p.level == "step"]
+    assert steps and result.counts["ipr_step_pairs"] == len(steps)
+    for pair in steps:
+        values = pair.details["step_values"]
+        assert values["method"] == "monte_carlo" and values["rollouts"] == 5 and values["expert"] == "chosen"
+        assert values["chosen"]["rewards"] == [1.0, 0.0, 0.0, 0.0, 1.0] and values["chosen"]["value"] == 0.4
+        assert values["rejected"]["rewards"] == [0.0] * 5 and values["rejected"]["final_reward"] == 0.0
+        assert (pair.chosen_reward, pair.rejected_reward) == (values["chosen"]["value"], values["rejected"]["value"])
+    # One estimate per distinct step history (the good path's step is shared by its pairs), 5 rollouts each.
+    assert result.counts["ipr_rollouts"] % 5 == 0 and result.counts["ipr_rollouts"] > 0
+
+
+def test_ipr_rule():
+    from generators.mcts_splice import ipr_preference
+
+    assert ipr_preference(1.0, 0.0, 0.4, 0.0, 0.01, 0.01) == "expert"
+    assert ipr_preference(0.0, 1.0, 0.2, 0.6, 0.01, 0.01) == "agent"
+    # A better final reward with an equal step reward is a tie: the step itself was not what made the difference.
+    assert ipr_preference(1.0, 0.0, 0.4, 0.4, 0.01, 0.01) is None
+    assert ipr_preference(1.0, 0.0, 0.4, 0.6, 0.01, 0.01) is None  # the two criteria disagree
+    assert ipr_preference(1.0, 1.0, 0.8, 0.2, 0.01, 0.01) is None  # equal outcomes

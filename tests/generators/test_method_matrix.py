@@ -5,6 +5,10 @@ asserts either a non-empty, valid output in which every task is accounted for, o
 that names the capability the environment lacks. The scripted model (`_generic_model`) follows the
 tasks' reference solutions where the environment has them, gives up on odd samples (so searches
 see good and bad siblings), and answers every structured request with a valid instance.
+
+The real environments (tau2 retail over MCP, MiniWoB and a site in Chromium) run every method with its
+shipped config and answers that exercise the method's own logic: `test_shipped_configs.py`; here the MCP
+world is checked for the refusals only. `ENVS["mcp"]` is the world the export checks run in.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ def _config(method: str, env_name: str, tmp: Path, inputs: Path) -> dict[str, An
     search = {"iterations": 2, "generations": 2, "max_depth": 6}
     configs: dict[str, dict[str, Any]] = {
         "rollout": {**base, "max_steps": 8},
+        "demonstrations": {**base},
         "mcts_splice": {**base, "search": search, "max_steps": 8},
         "curriculum": {**base, "rollouts": 2, "generations": 1, "select": 1, "max_steps": 8},
         "reflection": {**base, "input": str(inputs), "max_steps": 8},
@@ -119,7 +124,14 @@ def simulated_judge(body: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-@pytest.mark.parametrize("env_name", sorted(ENVS))
+def test_methods_without_pages_are_refused_on_an_mcp_server() -> None:
+    for (method, env_name), refusal in REFUSALS.items():
+        if env_name == "mcp":
+            with pytest.raises(ValueError, match=refusal):
+                load_config({**_config(method, env_name, Path("unused"), Path("unused")), "llm": _llm("http://x")})
+
+
+@pytest.mark.parametrize("env_name", sorted(set(ENVS) - {"mcp"}))
 def test_every_method_runs_in_every_environment(env_name: str, tmp_path: Path) -> None:
     model = GenericModel(_references(env_name), judge=simulated_judge)
     with FakeServer(rules=[Rule(fn=model)]) as server:

@@ -136,7 +136,9 @@ def _config(method: str, world: str, inputs: Path | None) -> dict[str, Any]:
         "curriculum": {**base, "rollouts": 2, "generations": int(world == "mcp"), "select": 1, "max_steps": 8},
         "reflection": {**base, "input": str(inputs), "max_steps": 8},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
-        "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4},
+        # Relabelling rewrites every action's thought (declared written): without it the agent's rows are checked.
+        "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4,
+                         "rewrite": False},
         "tutorial_replay": {**base, "tutorials": [str(TUTORIAL)], "keywords": ["login"],
                             "sites": [{"name": "miniwob", "description": "MiniWoB++ task pages", "miniwob": True}],
                             "max_steps": 6},
@@ -219,12 +221,6 @@ def _trainable_messages(traj: Trajectory) -> list[list[int]]:
     return out
 
 
-def _relabelled(traj: Trajectory) -> bool:
-    """ui_simulator's relabelling: every action's context rewritten by a new instruction, and nothing else."""
-    declared = traj.details.get("rewrites") or []
-    return "rewritten_instruction" in traj.details and [r["kind"] for r in declared] == ["context"]
-
-
 def _rows(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path / "data").to_pylist()
 
@@ -292,13 +288,8 @@ def _check_rows(records: dict[str, Trajectory], root: Path, by_prompt: dict[str,
                 .startswith(_render(template, row["prompt"], tools, True)), (name, row["id"])
         prompt = row["prompt"]
         if set(steps) & rewritten_steps(traj.details):
-            if not _relabelled(traj):
-                excepted += 1
-                continue  # declared: no request of the acting model produced this message as recorded
-            # A relabelled instruction is the only change: with the original back, the request is exact.
-            prompt = [{**m, "content": traj.details["original_instruction"]}
-                      if m["role"] == "user" and m["content"] == traj.details["rewritten_instruction"] else m
-                      for m in prompt]
+            excepted += 1
+            continue  # declared: no request of the acting model produced this message as recorded
         logged = by_prompt.get(_key(prompt))
         assert logged, f"{what}: row {row['id']}#{row['segment']} (steps {steps}) is no logged request"
         (completion,) = row["completion"]

@@ -237,8 +237,8 @@ class NotesEnv(Environment):
     name = "notes"
     evaluation = "none"
 
-    def __init__(self, max_steps: int = 10, user=None) -> None:
-        super().__init__(max_steps=max_steps, user=user)
+    def __init__(self, max_steps: int = 10, user=None, policy: str | None = None) -> None:
+        super().__init__(max_steps=max_steps, user=user, policy=policy)
         self.notes: dict[str, str] = {}
         self.tickets = 0
 
@@ -342,3 +342,26 @@ def test_challenger_explores_then_tasks_are_checked_through_read_only_calls_and_
     assert [s.function for s in rollout.steps if s.kind == "api"] == ["set_note"]  # state reads are not in the record
     rows = [json.loads(line) for line in (tmp_path / "out" / "tasks.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["notes-s0-challenge-0000"] and rows[0]["state"] == "calls"
+
+
+def test_the_challenger_writes_tasks_under_the_worlds_policy(tmp_path):
+    """The agent that attempts a task follows the world's policy (tau2's retail rules): the challenger explores and
+    writes under the same policy, so it does not ask for call sequences the policy forbids."""
+    policy = "Never change a note without reading it first; the note 'greeting' is read-only."
+    explore_bodies: list = []
+    with FakeServer(rules=[Rule(fn=_notes_script(explore_bodies))]) as server:
+        llm = {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+               "max_retries": 0, "request_timeout_s": 5}
+        cfg = load_config({"method": "self_challenging", "env": "notes", "env_config": {"policy": policy},
+                           "challenges": 1, "explore_steps": 1, "rollouts": 1, "max_steps": 4, "concurrency": 1,
+                           "llm": llm})
+        asyncio.run(generate(cfg, tmp_path / "out"))
+        bodies = [e["body"] for e in server.log if "body" in e]
+    written = [b for b in bodies if b["messages"][-1]["content"].startswith("WRITE CHALLENGE")]
+    assert explore_bodies and written
+    for body in [explore_bodies[0], *written]:
+        system = body["messages"][0]["content"]
+        assert policy in system and "Only ask for what it allows" in system
+    # The executor's rollout is under the same policy.
+    rollout = next(b for b in bodies if b.get("tools") and NOTE_TASK in json.dumps(b["messages"]))
+    assert policy in rollout["messages"][0]["content"]

@@ -296,3 +296,36 @@ def test_simia_sft_from_an_adp_dataset_takes_tools_from_an_environment(tmp_path)
 
 RETAIL_LOOKUP = {"name": "find_user_id_by_email", "description": "Find a user id by email.",
                  "parameters": {"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]}}
+
+
+def test_a_seed_keeps_its_own_policy_and_failed_episodes_are_no_seeds(tmp_path):
+    """Simia's policy is the seed's own system prompt: the environment's policy only stands in for seeds without
+    one (a seed of another domain keeps its rules). A seed whose episode failed (success false, e.g. a rollout
+    kept with keep_failed) shows how not to do the task: it is not used."""
+    own = tool_trajectory(0)
+    own.steps.insert(0, TextObservation(content="Policy of the seed: never search twice.", source="environment",
+                                        name="system"))
+    unknown = tool_trajectory(1).model_copy(update={"success": None, "reward": None})
+    failed = tool_trajectory(2, success=False)
+    ds = Dataset.create(tmp_path / "seeds")
+    with ds.unit("u0") as unit:
+        unit.write_many("trajectories", [own, unknown, failed])
+    def answer(body: dict) -> str | dict:
+        prompt = body["messages"][-1]["content"]
+        if prompt.startswith("SEED CHECK"):
+            return {"reason": "complete", "usable": True}
+        return _good(f"thing {prompt.split('Find item ')[1].split(chr(10))[0]}")
+
+    with FakeServer(rules=[Rule(fn=answer)]) as server:
+        cfg = load_config(_config(str(ds.path), server.base_url, env="simulated", samples_per_seed=1,
+                                  env_config={"tools": [SEARCH_TOOL.model_dump()], "policy": "Policy of the env."}))
+        summary = asyncio.run(generate(cfg, tmp_path / "out"))
+        synthesis = [q for q in server.asked() if "Variation #" in q]
+    assert summary.tasks == 2 and summary.report["seeds whose episode failed (not used)"] == 1
+    by_seed = {t.provenance.parent_ids[0]: t for t in Dataset.open(tmp_path / "out").iter_records()}
+    assert set(by_seed) == {"test/0", "test/1"}
+    assert by_seed["test/0"].steps[0].content == "Policy of the seed: never search twice."
+    assert by_seed["test/0"].details["policy_source"] == "seed"
+    assert by_seed["test/1"].steps[0].content == "Policy of the env." and by_seed["test/1"].details["policy_source"] == "env"
+    assert not any("Find item 2" in q for q in synthesis)
+    assert sum("Policy of the env." in q for q in synthesis) == 1

@@ -247,3 +247,39 @@ def test_the_judge_gets_the_rules_the_agent_followed(tmp_path):
     prompts.clear()
     counts = run("b", policy="Be brief.")
     assert counts["policy_config"] == 3 and set(prompts) == {"Rules the agent must follow:\nBe brief.\n\n"}
+
+
+def test_the_judge_is_told_the_users_request_not_the_system_turn_as_the_task(tmp_path):
+    """Converted data opens with its system turn as environment text (no `system` name) and simia_sft's records
+    with their policy: the task the judge reads is the user's request after them."""
+    steps = [TextObservation(content="Weather in Paris?", source="user"),
+             ApiAction(function="get_weather", arguments={"city": "Paris"}, tool_call_id="call_1"),
+             TextObservation(content="sunny", source="environment", tool_call_id="call_1"),
+             MessageAction(content="It is sunny.")]
+    records = [Trajectory(id="converted", source="test",
+                          steps=[TextObservation(content="You are a weather assistant. Be polite.",
+                                                 source="environment"), *steps]),
+               Trajectory(id="simia", source="test",
+                          steps=[TextObservation(content="Policy: answer truthfully.", source="environment",
+                                                 name="system"), *steps])]
+    src = Dataset.create(tmp_path / "in")
+    with src.unit("u0") as unit:
+        unit.write_many("trajectories", records)
+    tasks: list[str] = []
+
+    def judge(body: dict) -> dict:
+        tasks.append(body["messages"][-1]["content"].split("Task:\n", 1)[1].split("\n\nBefore the step:", 1)[0])
+        return {"label": "good", "reason": "fine"}
+
+    with FakeServer(rules=[Rule(fn=judge)]) as server:
+        llm = {"backend": "openai", "base_url": server.base_url, "api_key_env": None, "max_retries": 0}
+        config = StepVerifyConfig(input=str(tmp_path / "in"), verifier="llm", llm=llm)
+        from backends.registry import make_llm
+
+        model = make_llm(config.llm)
+        try:
+            method = StepVerify(config, model)
+            asyncio.run(method.run(method.tasks(), Dataset.create(tmp_path / "out")))
+        finally:
+            asyncio.run(model.aclose())
+    assert tasks and set(tasks) == {"Weather in Paris?"}

@@ -216,21 +216,29 @@ def test_kept_trajectories_start_with_their_tutorials_goal(run: dict[str, Any]) 
     assert login.details["judge"]["agrees_with_env"] is True
 
 
-def test_the_judge_sees_the_final_page_with_its_screenshot(run: dict[str, Any]) -> None:
+def test_the_judge_sees_the_whole_replay_with_its_screenshots(run: dict[str, Any]) -> None:
+    """AgentTrek's evaluator reads the replayed trajectory, not only where it ended: every step with the page it
+    led to, and (judge.vision) every page's screenshot in order."""
     judged = [b for b in run["log"] if text_of(b["messages"][1]).startswith("JUDGE THIS REPLAY")]
     assert len(judged) == 5 and all(b["model"] == "fake-judge" for b in judged)
     socks = run["kept"]["tiny-shop-order-socks"]
-    final = [s for s in socks.steps if s.kind == "web"][-1]
+    pages = [s for s in socks.steps if s.kind == "web"]
+    final = pages[-1]
     (request,) = [b for b in judged if SPECS["tiny-shop-order-socks"]["goal"] in text_of(b["messages"][1])]
     prompt = text_of(request["messages"][1])
-    assert '- select_option({"bid": ' in prompt and "thanks.html?name=Ada" in prompt and f"page {final.url}" in prompt
-    assert f"screenshot: {final.screenshot.path}" in prompt and "Red socks x 2" in prompt
-    # judge.vision: the screenshot itself went along, the very file the record points to.
+    assert 'AGENT: call select_option({"bid":' in prompt and "thanks.html?name=Ada" in prompt
+    assert f"page {final.url}" in prompt and f"screenshot: {final.screenshot.path}" in prompt
+    # The pages on the way, each as it looked after its step (the product page with its quantity box, the cart).
+    for page in pages[1:-1]:
+        assert f"SEEN: page {page.url}" in prompt and f"screenshot: {page.screenshot.path}" in prompt
+    assert "Quantity" in prompt.split("# Final page")[0]
+    # judge.vision: every page's screenshot went along, in order, the very files the record points to.
     images = [p for p in request["messages"][1]["content"] if p.get("type") == "image_url"]
-    assert len(images) == 1
-    data = base64.b64decode(images[0]["image_url"]["url"].split(",", 1)[1])
-    assert data == (run["out"] / final.screenshot.path).read_bytes() and data.startswith(b"\x89PNG")
-    assert run["counts"]["judge_screenshots_shown"] == 5
+    assert len(images) == len(pages) > 2
+    for image, page in zip(images, pages):
+        data = base64.b64decode(image["image_url"]["url"].split(",", 1)[1])
+        assert data == (run["out"] / page.screenshot.path).read_bytes() and data.startswith(b"\x89PNG")
+    assert run["counts"]["judge_screenshots_shown"] > 5
 
 
 def test_start_pages_resolve_against_the_site() -> None:

@@ -24,6 +24,7 @@ from generators.runner import generate, load_config
 from schemas.models import WebObservation
 from schemas.store import Dataset
 from tests.conftest import REPO
+from envs.browser.solvers import parse_axtree
 from tests.generators._browser_agent import ORDER_SOCKS, bid, call, first_user, next_move, text_of
 
 SHOP = REPO / "samples" / "sites" / "tiny-shop"
@@ -51,25 +52,51 @@ def shop_agent(body: dict[str, Any]) -> Any:
                             lambda p: f"It costs {'99.00' if wrong else price}."])
 
 
+GUIDES = ["Look at the red socks.", "Put two pairs of red socks in the cart."]
+EXPLORE = [  # the teacher's actions under the guides, on the page the request shows
+    lambda p: ("The shop lists Red socks.", call("click", bid=bid(p, "link", "Red socks")), "Open the red socks."),
+    lambda p: ("A quantity box.", call("select_option", bid=bid(p, "combobox", "Quantity"), options="2"),
+               "Choose two pairs."),
+    lambda p: ("The add button.", call("click", bid=bid(p, "button", "Add to cart")), "Add them to the cart."),
+]
+
+
+def shop_explorer(prompt: str) -> Any:
+    """The teacher's step-wise task control and its actions on the real pages."""
+    done = prompt.count("\n", prompt.index("Steps so far:\n"), prompt.index("\n\n", prompt.index("Steps so far:\n")))
+    steps = 0 if "(none yet)" in prompt.split("Steps so far:\n", 1)[1].split("\n\n", 1)[0] else done
+    if prompt.startswith("TASK CONTROL"):
+        return {"completed": steps == 1, "guide": GUIDES[0] if steps < 1 else GUIDES[1]}
+    page = parse_axtree(prompt.split("Current page:\n", 1)[1].split("\n", 1)[1])
+    thought, action, summary = EXPLORE[steps](page)
+    return {"thought": thought, "action": {"tool": action.name, "arguments": action.arguments}, "summary": summary}
+
+
 def shop_model(body: dict[str, Any]) -> Any:
     if body.get("tools"):
         return shop_agent(body)
     prompt = first_user(body)
+    if prompt.startswith(("TASK CONTROL", "EXPLORE STEP")):
+        return shop_explorer(prompt)
     if prompt.startswith("PROPOSE TASKS"):
         return {"tasks": [{"instruction": SOCKS, "expected_outcome": "an order of 2 red socks for Ada"},
                           {"instruction": HAT, "expected_outcome": "the answer says 12.00"}]}
     if prompt.startswith("JUDGE TASK COMPLETION"):
         task = prompt.split("Task: ", 1)[1].split("\n", 1)[0]
         transcript = prompt.split("Transcript:", 1)[1]
-        answer = transcript.rsplit("ASSISTANT:", 1)[-1]
+        answer = transcript.rsplit("AGENT:", 1)[-1]
         ok = ("Order placed" in transcript and "Red socks x 2" in transcript) if task == SOCKS \
             else PRICES[task][1] in answer
         return {"reasoning": "the pages show it" if ok else "wrong outcome", "success": ok}
     if prompt.startswith("REWRITE INSTRUCTION"):
         task = prompt.split("Original task: ", 1)[1].split("\n", 1)[0]
+        n = int(prompt.split("Agent steps: ", 1)[1].split("\n", 1)[0])
         if "Order placed" in prompt.split("Transcript:", 1)[1]:
-            return {"instruction": "Place an order of two red socks for Ada."}
-        return {"instruction": f"Tell me what the {PRICES[task][0].lower()} costs."}
+            return {"instruction": "Place an order of two red socks for Ada.",
+                    "thoughts": [f"To order the socks for Ada, step {i + 1}." for i in range(n)]}
+        product = PRICES[task][0].lower()
+        return {"instruction": f"Tell me what the {product} costs.",
+                "thoughts": [f"To learn what the {product} costs, step {i + 1}." for i in range(n)]}
     if prompt.startswith("GROW TASK VARIANTS"):
         return {"variants": [{"instruction": SCARF, "expected_outcome": "the answer says 9.00", "direction": "easier"}]}
     return None
@@ -77,7 +104,9 @@ def shop_model(body: dict[str, Any]) -> Any:
 
 def _run(config: dict[str, Any], out: Path, model: Any) -> tuple[Any, list[dict[str, Any]]]:
     with FakeServer(rules=[Rule(fn=model)]) as server:
-        summary = asyncio.run(generate(load_config({**config, "llm": {**LLM, "base_url": server.base_url}}), out))
+        judge = {"llm": {**LLM, "base_url": server.base_url, "model": "fake-judge"}, "vision": True}
+        summary = asyncio.run(generate(load_config({**config, "llm": {**LLM, "base_url": server.base_url},
+                                                    "judge": judge}), out))
         return summary, [e["body"] for e in server.log if "body" in e]
 
 
@@ -101,13 +130,18 @@ def test_exploration_walks_real_pages_and_the_proposer_sees_them(shop: dict[str,
     assert not shop["quarantined"]
     (propose,) = [b for b in shop["log"] if first_user(b).startswith("PROPOSE TASKS")]
     prompt = first_user(propose)
-    walk = next(iter(shop["kept"].values())).details["walk"]
-    # The start page and the pages three real actions led to (a real element was acted on each time).
+    first = next(t for t in shop["kept"].values() if t.details["task"]["depth"] == 0)
+    walk = first.details["walk"]
+    # The start page and the pages three of the teacher's actions led to (real elements, under two guides).
     assert len(walk) == 4 and walk[0].startswith("http://127.0.0.1:") and walk[0].endswith("/")
     for i, url in enumerate(walk, 1):
         assert f"Page {i}: {url}\n" in prompt
     assert "RootWebArea 'Tiny Shop'" in prompt and "[16] link 'Red socks'" in prompt
-    assert len(re.findall(r"\(reached by: (click|type|select) ", prompt)) == 3
+    assert re.findall(r"\(reached by: (click|type|select) ", prompt) == ["click", "select", "click"]
+    assert first.details["explore"]["guides"] == [
+        {"guide": GUIDES[0], "steps": ["Open the red socks."]},
+        {"guide": GUIDES[1], "steps": ["Choose two pairs.", "Add them to the cart."]}]
+    assert f"- {GUIDES[1]}: Choose two pairs.; Add them to the cart." in prompt
     walked = [s for s in _states(shop["out"]) if s["source"] == "walk"]
     assert [s["url"] for s in walked] == walk and walked[0]["action"] is None
     assert all(s["action_text"] in prompt for s in walked[1:])
@@ -120,6 +154,9 @@ def test_proposals_are_rolled_out_judged_and_relabelled_on_real_pages(shop: dict
     for t in socks:
         # The first user step is the instruction rewritten from what the trajectory did; the original is kept.
         assert t.steps[1].source == "user" and t.steps[1].content == "Place an order of two red socks for Ada."
+        # So is each action's thought, rewritten toward it.
+        thoughts = [s.thought for s in t.steps if s.kind in ("api", "message")]
+        assert thoughts == [f"To order the socks for Ada, step {i + 1}." for i in range(len(thoughts))]
         assert t.details["rewritten_instruction"] == t.steps[1].content
         assert t.details["judge"] == {"reasoning": "the pages show it", "success": True}
         pages = [s for s in t.steps if isinstance(s, WebObservation)]
@@ -127,10 +164,15 @@ def test_proposals_are_rolled_out_judged_and_relabelled_on_real_pages(shop: dict
         for page in pages:
             with Image.open(out / page.screenshot.path) as image:
                 assert image.format == "PNG"
-    # The judge and the relabeller read the pages with their URLs.
-    judged = [first_user(b) for b in shop["log"] if first_user(b).startswith("JUDGE TASK COMPLETION")
+    # The judge (a model of its own, judge.vision) and the relabeller read each page with its URL; the judge also
+    # saw every page's screenshot, in order.
+    judged = [b for b in shop["log"] if first_user(b).startswith("JUDGE TASK COMPLETION")
               and f"Task: {SOCKS}" in first_user(b)]
-    assert judged and all(re.search(r"\nTOOL: page http://\S+/thanks\.html\?name=Ada\n", j) for j in judged)
+    assert judged and all(b["model"] == "fake-judge" for b in judged)
+    assert all(re.search(r"\n {4}SEEN: page http://\S+/thanks\.html\?name=Ada\n", first_user(b)) for b in judged)
+    for body in judged:
+        images = [p for p in body["messages"][1]["content"] if p.get("type") == "image_url"]
+        assert len(images) == min(8, first_user(body).count("SEEN: page ")) > 1
     hats = {t.details["attempt"] for t in kept.values() if t.details["original_instruction"] == HAT}
     assert hats == {0, 2, 3}
     assert kept["ui_simulator/round-0000/t1#0"].steps[1].content == "Tell me what the blue hat costs."
@@ -204,7 +246,8 @@ def seeded_simulator(body: dict[str, Any]) -> Any:
     if prompt.startswith("JUDGE TASK COMPLETION"):
         return {"reasoning": "it says 12.00", "success": "12.00" in prompt.split("Transcript:", 1)[1]}
     if prompt.startswith("REWRITE INSTRUCTION"):
-        return {"instruction": "Tell me what the blue hat costs."}
+        n = int(prompt.split("Agent steps: ", 1)[1].split("\n", 1)[0])
+        return {"instruction": "Tell me what the blue hat costs.", "thoughts": ["Look the hat up."] * n}
     return None
 
 
@@ -213,7 +256,7 @@ def test_ui_simulator_in_the_simulated_env_seeded_from_recorded_real_states(shop
     states = shop["out"] / "real_states.jsonl"
     config = {"method": "ui_simulator", "env": "simulated",
               "env_config": {"mode": "web", "policy": "Tiny Shop, a small web shop.", "real_states": str(states)},
-              "rounds": 1, "tasks_per_round": 1, "walk_steps": 2, "attempts": 1, "max_steps": 4}
+              "rounds": 1, "tasks_per_round": 1, "walk_steps": 2, "explore": "random", "attempts": 1, "max_steps": 4}
     summary, log = _run(config, tmp_path / "out", seeded_simulator)
     (traj,) = Dataset.open(tmp_path / "out").iter_records()
     recorded = _states(shop["out"])

@@ -7,7 +7,6 @@ import asyncio
 import json
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from converters.export import ExportConfig, export
