@@ -26,8 +26,9 @@ Mapping (one ATIF step -> one or more steps):
   step carries the ATIF `step_id`), a result's `subagent_trajectory_ref` and other fields in its
   observation's `extra["atif"]["result"]`, and the root fields but `steps` in `details["atif"]`.
   `session_id` is the upstream id, `agent.model_name` the model, `schema_version` the source format.
-- Per-step token and cost metrics stay in `extra["atif"]["metrics"]` (`usage_of` gives them in the
-  interlingua's usage terms).
+- Per-step token and cost metrics become the agent step's `usage` (model, prompt and completion
+  tokens, cost; `usage_of`), and stay whole in `extra["atif"]["metrics"]` (cached tokens, token
+  ids, logprobs, provider extras), which the export writes back as they were.
 - A trajectory trajforge exported (`extra["trajforge"]` at the root and on steps) comes back exactly:
   tools, reward, success, details and the steps ATIF cannot say (code, JSON, web and image steps,
   labels, masks) are restored from it.
@@ -111,6 +112,8 @@ def step_dicts(ctx: Ctx, step: dict[str, Any], where: str) -> list[dict[str, Any
             out.append(entry)
         if not calls:
             out.append({"kind": "message", "content": message, "reasoning": reasoning})
+        # The call that made this step: its usage on the first action (as a model call records it).
+        out[0]["usage"] = usage_of(step.get("metrics"), step.get("model_name"))
     if "message" not in step:
         meta["no_message"] = True
     observation = ctx.get(step, "observation", dict, where, default=None)

@@ -71,6 +71,10 @@ def test_cli_converts_atif_files_and_exports_them_back_unchanged(tmp_path: Path)
     assert weather.steps[0].train is False
     metrics = weather.steps[6].extra["atif"]["metrics"]  # kept whole: tokens, cost, token ids, logprobs, extras
     assert metrics["cached_tokens"] == 256 and metrics["logprobs"] == [-0.01, -0.2, -0.03]
+    usage = weather.steps[6].usage  # the step's own usage: what run summaries, cards and evals sum
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cost_usd) == (
+        metrics["prompt_tokens"], metrics["completion_tokens"], metrics.get("cost_usd"))
+    assert usage.prompt_tokens and weather.steps[1].usage is None  # a user turn has none
     assert weather.details["atif"]["final_metrics"]["total_cost_usd"] == 0.0021
     sub = records["repo-fix-42"]
     ref = next(s for s in sub.steps if s.tool_call_id == "t2" and s.kind == "text")
