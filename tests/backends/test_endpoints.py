@@ -152,6 +152,7 @@ def _ok_prompts(log: Path) -> list[str]:
     return [e["body"]["messages"][-1]["content"] for e in entries if e.get("outcome") == "ok"]
 
 
+@pytest.mark.serial  # its throughput bound needs the machine to itself
 def test_three_servers_one_killed_mid_run_then_restarted(tmp_path):
     logs = [tmp_path / f"server{i}.jsonl" for i in range(3)]
     procs, urls = [], []
