@@ -40,6 +40,7 @@ from filters.dedup import (
     fold_shingles,
     lsh_params,
     normalized_words,
+    step_columns,
 )
 
 DEFAULT_NGRAM = 13
@@ -288,12 +289,7 @@ def _cut(text: str, limit: int = 160) -> str:
 
 def record_texts(batch: pa.RecordBatch | pa.Table) -> list[tuple[str, str]]:
     """(task instruction, trajectory text) of each trajectory row (columns `steps`, `details`)."""
-    steps = batch.column("steps")
-    if isinstance(steps, pa.ChunkedArray):
-        steps = steps.combine_chunks()
-    offsets = steps.offsets.to_numpy()
-    flat = steps.values
-    cols = {name: flat.field(name).to_pylist() for name in _STEP_FIELDS}
+    offsets, cols = step_columns(batch, _STEP_FIELDS)
     details = batch.column("details").to_pylist() if "details" in batch.schema.names else [None] * len(batch)
     out = []
     for r in range(len(batch)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import orjson
@@ -48,6 +48,16 @@ def _canonical_args(text: str | None) -> str:
         return _norm(text)
 
 
+def step_columns(batch: pa.RecordBatch | pa.Table, fields: Sequence[str]) -> tuple[np.ndarray, dict[str, list[Any]]]:
+    """The `steps` column of trajectory rows as list offsets and the named step fields, flat (one pass
+    each; row i's steps are `offsets[i]:offsets[i + 1]`)."""
+    steps = batch.column("steps")
+    if isinstance(steps, pa.ChunkedArray):
+        steps = steps.combine_chunks()
+    flat = steps.values
+    return steps.offsets.to_numpy(), {name: flat.field(name).to_pylist() for name in fields}
+
+
 def batch_texts(batch: pa.RecordBatch | pa.Table) -> tuple[list[str], list[str]]:
     """(exact keys, near texts) for each row of a trajectories batch.
 
@@ -55,12 +65,7 @@ def batch_texts(batch: pa.RecordBatch | pa.Table) -> tuple[list[str], list[str]]
     keys; no ids, tool_call_ids, timestamps, rewards or extras. Near text: lower-cased
     actions and user turns.
     """
-    steps = batch.column("steps")
-    if isinstance(steps, pa.ChunkedArray):
-        steps = steps.combine_chunks()
-    offsets = steps.offsets.to_numpy()
-    flat = steps.values
-    cols = {name: flat.field(name).to_pylist() for name in _STEP_FIELDS}
+    offsets, cols = step_columns(batch, _STEP_FIELDS)
     kinds, contents = cols["kind"], cols["content"]
     exact, near = [], []
     for d in range(len(batch)):
