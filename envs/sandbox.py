@@ -26,6 +26,7 @@ anything unsealed, forged or misshapen is rejected.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -150,13 +151,42 @@ def _group_alive(pgid: int) -> bool:
 def _kill_namespace(info_fd: int) -> None:
     """Kill the sandbox's pid-1 (named by bwrap's --info-fd): the kernel then kills every process
     in its pid namespace, and bwrap exits only once they are all gone."""
+    child = _namespace_init(info_fd)
+    if child is not None:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _namespace_init(info_fd: int) -> int | None:
+    """The pid of the sandbox's pid-1 as bwrap's --info-fd names it (None once read or never written)."""
     try:
         os.set_blocking(info_fd, False)
         child = json.loads(os.read(info_fd, 65536) or b"{}").get("child-pid")
-        if isinstance(child, int) and child > 1:
-            os.kill(child, signal.SIGKILL)
     except (OSError, ValueError, AttributeError):
-        pass
+        return None
+    return child if isinstance(child, int) and child > 1 else None
+
+
+def _await_gone(pid: int, run_id: str, wait_s: float = 5.0) -> None:
+    """Wait (bounded) until the sandbox's pid-1 is dead, then kill it if it is not. bwrap's outer process
+    can exit as soon as pid-1 reports its status, while pid-1 itself is still tearing down; only a process
+    whose command line names this run is ever waited on or killed (a reused pid is left alone)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                ours = run_id.encode() in f.read()
+        except OSError:
+            return
+        if not ours or stat[stat.rfind(b")") + 2:].startswith(b"Z"):
+            return
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.005)
 
 
 def _call_mode(args: Any) -> tuple[str, Any]:
@@ -259,8 +289,11 @@ def run_python(
                 _kill_group(proc.pid)
                 proc.wait()
             finally:
-                # Whatever the outcome, nothing the child started outlives the run.
+                # Whatever the outcome, nothing the child started outlives the run: its process group,
+                # and the sandbox's pid-1, which bwrap's --new-session puts in a session of its own.
                 _kill_group(proc.pid)
+                if info_read >= 0 and (init := _namespace_init(info_read)) is not None:
+                    _await_gone(init, run_id)
         duration = time.monotonic() - start
         rc = proc.returncode
         if bwrap and rc > _SIGNAL_EXIT:
