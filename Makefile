@@ -9,9 +9,9 @@ TRAJFORGE := $(VENV)/bin/trajforge
 OUT ?= out/demo
 PYTEST_ARGS ?=
 # Tests run in parallel (pytest-xdist). Many wait on servers, browsers and subprocesses, so even two
-# cores keep four workers busy; worksteal evens out the few long tests. Tests marked `serial` measure
+# cores keep three workers busy; worksteal evens out the few long tests. Tests marked `serial` measure
 # throughput against a bound and run alone afterwards (exit 5: the selection held none of them).
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
