@@ -9,7 +9,7 @@ TRAJFORGE := $(VENV)/bin/trajforge
 OUT ?= out/demo
 PYTEST_ARGS ?=
 # Tests run in parallel (pytest-xdist). Many wait on servers, browsers and subprocesses, so even two
-# cores keep three workers busy; worksteal evens out the few long tests. Tests marked `serial` measure
+# cores keep three workers busy; each takes whole files, the longest first (tests/conftest.py HEAVY_FILES). Tests marked `serial` measure
 # throughput against a bound and run alone afterwards (exit 5: the selection held none of them).
 PYTEST_WORKERS ?= 3
 
@@ -61,7 +61,7 @@ demo: $(VENV)/.installed-base
 # mcp SDK 1.x): made once, cached under ~/.cache/trajforge-tests (tests/server_venvs.py).
 test: $(VENV)/.installed-test
 	$(PY) -m tests.server_venvs
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not serial" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
 	$(PY) -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # All benchmarks, each in its own process; writes benchmarks/results/summary.md.
