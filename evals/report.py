@@ -77,6 +77,9 @@ def usage_of(trajectories: list[Trajectory], runs: list[dict[str, Any]]) -> dict
     that were quarantined, of a persona user or a judge sharing the model)."""
     totals = usage_totals(trajectories)
     totals["server_calls"] = sum(int((run.get("llm") or {}).get("calls", 0)) for run in runs)
+    # How the cost is known (priced, local model, unknown), as the backend said in the last invocation.
+    totals["cost_basis"] = next((run["llm"]["cost"] for run in reversed(runs) if (run.get("llm") or {}).get("cost")),
+                                None)
     return totals
 
 
@@ -234,7 +237,8 @@ def headline(report: dict[str, Any]) -> list[tuple[str, str]]:
               ", ".join(f"{s}: {n}" for s, n in report["errors"].items()) or "0"),
              ("unusable answers", str(report["failures"]["unusable_answers"])),
              ("tokens (prompt / completion)", f"{u['prompt_tokens']:,} / {u['completion_tokens']:,}"),
-             ("cost", "n/a (no price known)" if u["cost_usd"] is None else f"${u['cost_usd']:.4f}"),
+             ("cost", "n/a (no price known)" if u["cost_usd"] is None
+              else f"${u['cost_usd']:.4f}" + (f" ({u['cost_basis']})" if u.get("cost_basis") else "")),
              ("wall time", f"{report['wall_s']:.1f} s")]
     return rows
 

@@ -94,6 +94,7 @@ def test_eval_reports_pass_at_k_and_pass_hat_k_of_the_scripted_outcomes(evals):
     assert report["failures"]["by_criterion"] == {"DB": 5}  # the unsolved episodes change nothing in the DB
     assert report["split"] == "none"  # the retail generator has no splits: every task ran
     assert report["usage"]["prompt_tokens"] > 0 and report["usage"]["cost_usd"] is None  # no price for a server
+    assert "n/a (no price known)" in (evals["a"] / "README.md").read_text()
     rows = {r["task"]: r for r in csv.DictReader((evals["a"] / "tasks.csv").open())}
     assert [(r["samples"], r["successes"], r["errors"]) for r in rows.values()] == [
         ("3", "3", "0"), ("3", "1", "0"), ("3", "0", "0"), ("2", "2", "1")]

@@ -63,6 +63,10 @@ def test_improve_on_miniwob_measures_trains_and_measures_again(prefect_harness, 
     assert lineage["model"]["steps"] == 1 and lineage["model"]["export"]["records"] == 4
     assert lineage["model"]["base"]["path"] == str(model) and lineage["export"]["format"] == "trl-sft"
     assert after["llm"]["model_path"] == str(out / "model") and lineage["trained_eval"]["scored"] == 2
+    # The trained model's eval counts its episodes' tokens, at no cost: a local model, and it says so.
+    assert after["usage"]["prompt_tokens"] > 0 and after["usage"]["calls"] >= 1
+    assert (after["usage"]["cost_usd"], after["usage"]["cost_basis"]) == (0.0, "local model")
+    assert "$0.0000 (local model)" in (out / "eval-trained" / "README.md").read_text()
     assert report["comparison"]["tasks_in_common"] == 2 and report["comparison"]["delta"] is not None
     assert (out / "plots" / "before_after.png").is_file() and "## Lineage" in (out / "report.md").read_text()
 
