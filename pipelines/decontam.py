@@ -26,14 +26,13 @@ from typing import Any, Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from filters.decontam import Reference, ReferenceIndex, record_texts
 from pipelines.beam_runner import DEFAULT_RUNNER, PipelineError, check_portable, run_beam, staging_dir
 from pipelines.decontam_report import EXAMPLES
 from pipelines.filter import summarize_units, trajforge_version, unit_for_shard
-from schemas.arrow import FILTERED_SCHEMA, TRAJECTORY_SCHEMA
+from pipelines.split_shards import checked_counts, trajectory_batches, write_split
 from schemas.store import DEFAULT_MAX_ROWS, ROW_GROUP_ROWS, Dataset, check_apart
 
 FILTER = "decontaminate"
@@ -61,10 +60,7 @@ class DecontaminateShard(beam.DoFn):
             return
         with self.dataset.unit(unit, max_rows=self.max_rows) as u:
             examples: list[dict[str, Any]] = []
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
-                rows = pa.Table.from_batches([batch])
-                if not rows.schema.equals(TRAJECTORY_SCHEMA):
-                    rows = rows.cast(TRAJECTORY_SCHEMA)
+            for rows in trajectory_batches(path):
                 ids = rows.column("id").to_pylist()
                 keep = np.ones(len(rows), dtype=bool)
                 decided: dict[str, list[Any]] = {"filter": [], "reason": [], "score": []}
@@ -81,21 +77,11 @@ class DecontaminateShard(beam.DoFn):
                         examples.append({"id": ids[r], "reference": match.reference.id,
                                          "reference_source": match.reference.source, "kind": match.kind,
                                          "score": match.score, "evidence": match.evidence})
-                u.write_batch("trajectories", rows.filter(pa.array(keep)))
-                u.counts["kept"] += int(keep.sum())
+                write_split(u, rows, keep, decided)
                 if not keep.all():
-                    dropped = rows.filter(pa.array(~keep))
-                    for name in ("filter", "reason", "score"):
-                        dropped = dropped.append_column(FILTERED_SCHEMA.field(name),
-                                                        pa.array(decided[name], FILTERED_SCHEMA.field(name).type))
-                    u.write_batch("filtered", dropped)  # the writer counts "filtered"
                     u.counts[f"filtered:{FILTER}"] += int((~keep).sum())
-                u.counts["in"] += len(rows)
             u.meta["examples"] = examples
-            c = u.counts
-            if c["in"] != c["kept"] + c["filtered"]:
-                raise PipelineError(f"unit {unit}: counts do not add up ({dict(c)})")
-            counts = dict(c)
+            counts = checked_counts(unit, u.counts)
         yield counts
 
 

@@ -57,8 +57,8 @@ from pipelines.filter import (
     trajforge_version,
     unit_for_shard,
 )
-from schemas.arrow import FILTERED_SCHEMA, TRAJECTORY_SCHEMA
-from schemas.store import DEFAULT_MAX_ROWS, ROW_GROUP_ROWS, Dataset, check_apart
+from pipelines.split_shards import DECISION_COLUMNS, checked_counts, trajectory_batches, write_split
+from schemas.store import DEFAULT_MAX_ROWS, Dataset, check_apart
 
 CLUSTERS_FILE = "clusters.parquet"
 EXACT_BAND = -1
@@ -182,30 +182,18 @@ class WriteShard(beam.DoFn):
         drop_rows = drops.column("row").to_numpy() if drops is not None else np.empty(0, np.int64)
         with self.dataset.unit(unit, max_rows=self.max_rows) as u:
             at = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
-                rows = pa.Table.from_batches([batch])
-                if not rows.schema.equals(TRAJECTORY_SCHEMA):
-                    rows = rows.cast(TRAJECTORY_SCHEMA)
+            for rows in trajectory_batches(path):
                 lo, hi = np.searchsorted(drop_rows, [at, at + len(rows)])
                 keep = np.ones(len(rows), dtype=bool)
                 keep[drop_rows[lo:hi] - at] = False
-                u.write_batch("trajectories", rows.filter(pa.array(keep)))
-                u.counts["kept"] += int(keep.sum())
-                if hi > lo:
-                    assert drops is not None
-                    decided = drops.slice(lo, hi - lo)
-                    dropped = rows.take(pa.array(drop_rows[lo:hi] - at))
-                    for name in ("filter", "reason", "score"):
-                        dropped = dropped.append_column(FILTERED_SCHEMA.field(name), decided.column(name))
-                    u.write_batch("filtered", dropped)  # the writer counts "filtered"
+                decided = drops.slice(lo, hi - lo) if drops is not None and hi > lo else None
+                write_split(u, rows, keep, {} if decided is None else
+                            {name: decided.column(name) for name in DECISION_COLUMNS})
+                if decided is not None:
                     for name, n in Counter(decided.column("filter").to_pylist()).items():
                         u.counts[f"filtered:{name}"] += n
-                u.counts["in"] += len(rows)
                 at += len(rows)
-            c = u.counts
-            if c["in"] != c["kept"] + c["filtered"]:
-                raise PipelineError(f"unit {unit}: counts do not add up ({dict(c)})")
-            counts = dict(c)
+            counts = checked_counts(unit, u.counts)
         yield counts
 
 
