@@ -1,16 +1,22 @@
 """A user's command run from a flow (a training hook): one process group, its output in a log, killed with its
-children on timeout or when the flow stops."""
+children on timeout, when the flow stops, or when the flow's process dies (even by SIGKILL: the command runs
+under the guard MCP servers run under, `envs/mcp/_guard.py`, which ends the group when its parent dies)."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from flows import console as term
+
+# The guard's file, not its module: importing the envs.mcp package would load the MCP SDK (~0.7 s).
+GUARD = Path(__file__).resolve().parents[1] / "envs" / "mcp" / "_guard.py"
 
 
 class HookError(RuntimeError):
@@ -27,8 +33,12 @@ def run_hook(argv: list[str], *, env: dict[str, str], cwd: str | None, log_path:
     term.console.print(f"  hook: {shlex.join(argv)} (output in {log_path})", highlight=False, markup=False)
     with open(log_path, "ab") as log:
         offset = log.tell()
+        program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+        if program is None or not os.access(Path(cwd or ".", program), os.X_OK):
+            raise HookError(f"{what} {argv[0]!r} cannot start: not an executable file (or not on PATH)")
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([sys.executable, "-I", str(GUARD), str(os.getpid()), "--quiet", "--", *argv],
+                                    cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             raise HookError(f"{what} {argv[0]!r} cannot start: {exc.strerror or exc}") from None

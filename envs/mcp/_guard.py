@@ -1,6 +1,6 @@
-"""Run a stdio MCP server so that it never outlives the process that started it.
+"""Run a stdio MCP server (or a flow's hook) so that it never outlives the process that started it.
 
-    python -I _guard.py PARENT_PID -- COMMAND [ARGS...]
+    python -I _guard.py PARENT_PID [--quiet] -- COMMAND [ARGS...]
 
 The MCP SDK starts a stdio server in a session of its own and stops it when the client closes;
 a client killed with SIGKILL gets no chance to. Most servers exit when their stdin closes, but a
@@ -9,8 +9,9 @@ the two: it runs the server as its child, in the process group the SDK made for 
 whole group when the parent dies (Linux: PR_SET_PDEATHSIG; elsewhere: polling the parent pid),
 when it is asked to stop (SIGTERM, which the SDK sends the group on close), or when the server
 exits. A server that exits on its own gets a last line on its stderr (the run's log of the
-server), `EXIT_MARK` and the status, which trajforge quotes when a start fails. It imports only
-the standard library, so it starts in milliseconds.
+server), `EXIT_MARK` and the status, which trajforge quotes when a start fails; `--quiet` (a
+hook, whose last printed line is its answer) adds nothing to the output. It imports only the
+standard library, so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -74,8 +75,11 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> None:
+    quiet = len(argv) > 1 and argv[1] == "--quiet"
+    if quiet:
+        argv = [argv[0], *argv[2:]]
     if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write("usage: _guard.py PARENT_PID -- COMMAND [ARGS...]\n")
+        sys.stderr.write("usage: _guard.py PARENT_PID [--quiet] -- COMMAND [ARGS...]\n")
         os._exit(2)
     parent = int(argv[0])
     if os.getpgrp() != os.getpid():  # ending "our" group must never reach the caller's
@@ -91,7 +95,8 @@ def main(argv: list[str]) -> None:
     try:
         child = subprocess.Popen(argv[2:])
     except OSError as exc:
-        sys.stderr.write(f"cannot start MCP server {argv[2]!r}: {exc}\n{EXIT_MARK}127\n")
+        sys.stderr.write(f"cannot start {argv[2]!r}: {exc}\n" if quiet else
+                         f"cannot start MCP server {argv[2]!r}: {exc}\n{EXIT_MARK}127\n")
         sys.stderr.flush()
         os._exit(127)
     # The server holds the pipes now; without our copies the client sees EOF as soon as it exits.
@@ -99,6 +104,8 @@ def main(argv: list[str]) -> None:
     os.close(1)
     code = child.wait()
     status = code if code >= 0 else 128 - code
+    if quiet:
+        _end_group(status)
     try:
         sys.stderr.write(f"{EXIT_MARK}{status}" + (f" (signal {-code})" if code < 0 else "") + "\n")
         sys.stderr.flush()
