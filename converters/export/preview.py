@@ -30,7 +30,7 @@ import orjson
 
 from converters.export.formats import FORMATS, Format, rows_to_batch
 from converters.export.options import FormatOptions
-from converters.export.records import Record, pair_of
+from converters.export.records import SPOILED, Record, pair_of
 from converters.export.render import RenderOptions, Unrenderable
 from converters.export.tokenized import ChatTokenizer
 
@@ -68,6 +68,9 @@ def preview(trajectory: Any, fmt: str, *, tokenizer: Any = None, max_length: int
     record = Record.of(trajectory)
     opts = FormatOptions(RenderOptions(spec.keeps_reasoning if reasoning is None else reasoning, web_max_chars),
                          sft_layout, kto_mode, dpo_level, chat, history=history)  # type: ignore[arg-type]
+    sides = [record, *([Record.of(rejected)] if rejected is not None else [])]
+    if any(side.batch.spoiled_by_user[side.index] for side in sides):
+        return Preview(fmt, [], SPOILED)
     if spec.supervised and record.success is False and not include_failed:
         return Preview(fmt, [], FAILED)
     if fmt == "tokenized" and chat is None:

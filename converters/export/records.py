@@ -37,6 +37,9 @@ _ORIGINS = pa.array(["user", "agent", "environment"])
 _LABELS = pa.array(["good", "bad", "unknown"])
 # The trajectory columns the exporter reads (details: for the card's per-environment counts).
 COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance", "details"]
+# Why an episode kept marked (`user.fidelity.on_broken: mark`) gives no row: its agent answered a user that
+# does not exist (eval leaves such episodes out for the same reason).
+SPOILED = "the simulated user broke the episode (details.user_fidelity)"
 
 
 @dataclass
@@ -166,6 +169,21 @@ class Batch:
         rows = np.flatnonzero(wanted & self.valid)
         for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
             out[r] = orjson.loads(text)
+        return out
+
+    @cached_property
+    def spoiled_by_user(self) -> np.ndarray:
+        """Per record, whether the check of its simulated user found a broken turn (`details.user_fidelity.ok`
+        false: the episode was kept marked, `on_broken: mark`); only details that mention it are parsed."""
+        out = np.zeros(len(self), dtype=bool)
+        if "details" not in self.rows.type.names:
+            return out
+        column = self.rows.field("details")
+        rows = np.flatnonzero(pc.fill_null(pc.match_substring(column, '"user_fidelity"'), False)
+                              .to_numpy(zero_copy_only=False) & self.valid)
+        for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
+            fidelity = orjson.loads(text).get("user_fidelity")
+            out[r] = isinstance(fidelity, dict) and fidelity.get("ok") is False
         return out
 
     @cached_property

@@ -28,7 +28,7 @@ from converters.export.formats import CONVERSATION_COLUMNS, FORMATS, Format, row
 from converters.export.lengths import TokenStats, approx_tokens, dict_chars, message_chars, sum_lists
 from converters.export.mix import copies
 from converters.export.options import DPO_LEVELS, HISTORIES, KTO_MODES, SFT_LAYOUTS, FormatOptions
-from converters.export.records import COLUMNS, Batch, pair_refs
+from converters.export.records import COLUMNS, SPOILED, Batch, pair_refs
 from converters.export.render import Conversation, RenderOptions, Unrenderable
 from converters.export.roles import RoleReport
 from converters.export.sharegpt import DATASET_INFO
@@ -344,6 +344,9 @@ def _select(fmt: Format, cfg: ExportConfig, inputs: Inputs) -> np.ndarray:
                 inputs.reasons[r], copies_of[r] = "sampled out by --mix", 0
             else:
                 copies_of[r] = k
+    spoiled = np.logical_or.reduce([b.spoiled_by_user for b in inputs.behind])  # a pair: either side
+    for r in np.flatnonzero(spoiled & (copies_of > 0)).tolist():
+        inputs.reasons[r], copies_of[r] = SPOILED, 0
     if fmt.supervised and fmt.table == "trajectories" and not cfg.include_failed:
         failed = pc.fill_null(pc.equal(inputs.behind[0].column("success"), False), False).to_numpy(zero_copy_only=False)
         for r in np.flatnonzero(failed & (copies_of > 0)).tolist():

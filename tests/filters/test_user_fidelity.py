@@ -174,3 +174,12 @@ def test_cli_generate_quarantines_or_marks_episodes_of_a_broken_user_and_filter_
     assert sorted(t.provenance.task_id for t in filtered.iter_records()) == ["tau2-retail-0", "tau2-retail-2"]
     (dropped,) = list(filtered.iter_records("filtered"))
     assert dropped.decision.reason == "broken user: invented" and dropped.record.provenance.task_id == "tau2-retail-1"
+    # Exported as it is, the marked dataset trains on none of its spoiled episodes: each format leaves them out
+    # with the reason (tau2-retail-0 is also a failed episode of the scripted agent in some formats: count ids).
+    for fmt in ("trl-sft", "trl-kto", "openai"):
+        export = subprocess.run([sys.executable, "-m", "flows.cli", "export", str(marked), "--format", fmt,
+                                 "--output", str(tmp_path / f"export-{fmt}"), "--include-failed"], cwd=REPO,
+                                env={**os.environ, "COLUMNS": "300"}, capture_output=True, text=True, timeout=180)
+        assert export.returncode == 0, export.stdout + export.stderr
+        card = json.loads((tmp_path / f"export-{fmt}" / "card.json").read_text())
+        assert card["counts"]["skipped"].get("the simulated user broke the episode (details.user_fidelity)") == 2, card
