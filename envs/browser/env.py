@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 OBSERVABLE = ("axtree", "html", "screenshot")
 NAVIGATION_SHARE = 0.8  # of step_timeout_s, for goto and go_back
 PROBE_S = 2.0  # how long a page may take to run `1` before it counts as hung
+OBSERVE_ATTEMPTS = 4  # reads of a page cut by a navigation or a refused capture are tried again
+CAPTURE_RETRY_S = 0.25  # times the attempt: the pause before asking Chromium for a refused capture again
 SOLVER_ROUNDS = 20
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -374,7 +376,7 @@ class BrowserEnv(Environment):
 
     async def _observe(self) -> WebObservation:
         page = self._page
-        for attempt in range(3):
+        for attempt in range(OBSERVE_ATTEMPTS):
             try:
                 await mark_elements(page)
                 observation = WebObservation(url=page.url, viewport=(self.viewport["width"], self.viewport["height"]))
@@ -400,8 +402,14 @@ class BrowserEnv(Environment):
             except Exception as exc:  # noqa: BLE001 - a navigation under way, or a dead page
                 if self._crashed:
                     raise EnvError("the page crashed") from None
-                if attempt < 2 and _navigating(exc):
+                last = attempt == OBSERVE_ATTEMPTS - 1
+                if not last and _navigating(exc):
                     await page.wait_for_load_state("load")
+                    continue
+                if not last and _capture_refused(exc):
+                    # Chromium refuses a capture while no frame is ready (a document just replaced, a renderer
+                    # busy on a loaded machine) and takes the same picture a moment later.
+                    await asyncio.sleep(CAPTURE_RETRY_S * (attempt + 1))
                     continue
                 raise EnvError(f"could not read the page: {_first_line(exc)}") from None
         raise AssertionError("unreachable")
@@ -473,6 +481,9 @@ class BrowserEnv(Environment):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+def _capture_refused(exc: BaseException) -> bool:
+    return "Unable to capture screenshot" in str(exc)
 
 def _navigating(exc: BaseException) -> bool:
     text = str(exc)

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 import psutil
 import pytest
 from jsonschema import Draft202012Validator
+from playwright.async_api import Error as PlaywrightError
 from PIL import Image
 
 from backends.fake_server import FakeServer, FakeServerConfig, Rule
@@ -131,6 +132,37 @@ async def test_observations_have_url_axtree_html_and_a_png_screenshot(env: Brows
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     with Image.open(png) as image:
         assert image.format == "PNG" and image.size == (1280, 720)
+
+
+REFUSED = "Protocol error (Page.captureScreenshot): Unable to capture screenshot"
+
+
+async def test_a_capture_chromium_refuses_is_asked_again(env: BrowserEnv, out_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chromium now and then refuses a capture (no frame ready on a loaded machine) and takes it when asked
+    again: the step keeps its screenshot instead of ending the episode; a page that never gives one is an
+    EnvError that says why."""
+    await env.reset(shop_task())
+    page, real = env._page, env._page.screenshot
+    asked: list[dict[str, Any]] = []
+
+    async def refuse(times: int, **options: Any) -> bytes:
+        asked.append(options)
+        if len(asked) <= times:
+            raise PlaywrightError(REFUSED)
+        return await real(**options)
+
+    monkeypatch.setattr(page, "screenshot", lambda **o: refuse(2, **o))
+    result = await env.step(call("scroll", direction="down"))
+    assert len(asked) == 3 and "error" not in result.info
+    shot = result.observation.screenshot
+    assert shot is not None and (out_dir / shot.path).read_bytes()[:8] == PNG_SIGNATURE
+
+    asked.clear()
+    monkeypatch.setattr(page, "screenshot", lambda **o: refuse(99, **o))
+    with pytest.raises(EnvError, match="could not read the page: .*Unable to capture screenshot"):
+        await env.step(call("scroll", direction="up"))
+    assert len(asked) == 4
 
 
 async def test_element_ids_are_stable_across_observations(env: BrowserEnv) -> None:
