@@ -21,6 +21,8 @@ from viewer import preview
 from viewer.loss_tokens import TOKEN_FORMATS, LossTokenError, loss_tokens
 from viewer.queries import ListRequest, Store
 from viewer.records import INVALID, pair_view, trajectory_view
+from viewer.reports import (EPISODES_SQL, EVAL_REPORT, IMPROVE_REPORT, MAX_EPISODES, Report, eval_view, improve_view,
+                            locations, plots, read_json)
 from viewer.sources import Source, ViewError, first_line, unreadable
 
 
@@ -31,9 +33,10 @@ class NotFound(ViewError):
 class Viewer:
     """The state behind the API: the sources, their DuckDB store, cached facets and export options."""
 
-    def __init__(self, sources: list[Source], tokenizer: Path | None = None) -> None:
+    def __init__(self, sources: list[Source], tokenizer: Path | None = None, reports: list[Report] | None = None) -> None:
         self.store = Store(sources)
         self.tokenizer = tokenizer
+        self.report_list = reports or []
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
 
@@ -137,6 +140,33 @@ class Viewer:
             if source.kind == "dataset" and self.store.by_id(i, "trajectories", record_id):
                 found.append(i)
         return {"id": record_id, "sources": found}
+
+    # ---- eval and improve reports ---------------------------------------------------------------
+
+    def reports(self) -> list[dict[str, Any]]:
+        where = locations(self.report_list, self.store.sources)
+        return [{"index": r, "name": rep.name, "path": str(rep.path), "kind": rep.kind,
+                 "source": where.get(rep.path.resolve(), {}).get("source")} for r, rep in enumerate(self.report_list)]
+
+    def report_at(self, r: int) -> Report:
+        if not 0 <= r < len(self.report_list):
+            raise NotFound(f"no report {r}; there are {len(self.report_list)}")
+        return self.report_list[r]
+
+    def report(self, r: int) -> dict[str, Any]:
+        """An eval's or an improve run's page, read from the files its command wrote (re-read on each call:
+        small files, and a run still going rewrites them)."""
+        rep = self.report_at(r)
+        where = locations(self.report_list, self.store.sources)
+        head = {"index": r, "name": rep.name, "path": str(rep.path), "plots": plots(rep.path)}
+        if rep.kind == "improve":
+            return {**head, **improve_view(rep.path, read_json(rep.path / IMPROVE_REPORT), where)}
+        source = where.get(rep.path.resolve(), {}).get("source")
+        episodes: list[dict[str, Any]] = []
+        relation = self.store.relation(source, "trajectories") if source is not None else None
+        if relation is not None:
+            episodes = self.store.rows(EPISODES_SQL.format(relation=relation, limit=MAX_EPISODES + 1))
+        return {**head, **eval_view(read_json(rep.path / EVAL_REPORT), episodes, source)}
 
     # ---- export preview -------------------------------------------------------------------------
 
