@@ -19,6 +19,7 @@ from tests.factories import tool_trajectory
 from tests.viewer import _data
 from viewer import server
 from viewer.loss_tokens import LossTokenError, loss_tokens
+from viewer.queries import TABLES
 from viewer.server import create_app
 from viewer.sources import discover
 
@@ -182,6 +183,20 @@ def test_the_viewer_never_writes_into_the_dataset(client, viewer_dataset):
                 f"/media/0/{_data.SCREENSHOT}"]:
         assert client.get(url).status_code == 200, url
     assert _files(viewer_dataset) == before
+
+
+def test_a_sorted_page_is_the_rows_one_query_would_give(client, viewer_dataset):
+    """Sorted pages come in two steps (positions by the key, then the page's rows from their leaf columns):
+    the same rows, columns and order as the one query over every column."""
+    store = client.app.state.viewer.store
+    relation, spec = store.relation(0, "trajectories"), TABLES["trajectories"]
+    for sort, desc, offset, extra in (("reward", True, 0, ""), ("reward", False, 3, ""), ("steps", True, 0, ""),
+                                      ("id", False, 5, ""), ("source", True, 0, "&success=true")):
+        where = "WHERE success" if extra else ""
+        expected = store.rows(f"SELECT {spec.columns} FROM {relation} {where} ORDER BY {spec.sorts[sort]} "
+                              f"{'DESC' if desc else 'ASC'} NULLS LAST, id LIMIT 7 OFFSET {offset}")
+        page = client.get(f"/api/0/list/trajectories?sort={sort}&desc={int(desc)}&offset={offset}&limit=7{extra}").json()
+        assert page["rows"] == json.loads(json.dumps(expected, default=str)) and len(page["rows"]) > 1, sort
 
 
 def test_stats_have_the_facets_the_page_shows(viewer_dataset):
