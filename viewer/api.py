@@ -2,12 +2,14 @@
 
 Every method returns plain data for one endpoint or raises ViewError (NotFound) with a one-line
 message. Facets (`trajforge stats`) and export options (a pre-scan for trl-sft's layout) are
-computed once per manifest version of a dataset and cached.
+computed once per manifest version of a dataset and cached; facets start computing in the
+background when the server starts.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,18 +39,41 @@ class Viewer:
         self.store = Store(sources)
         self.tokenizer = tokenizer
         self.report_list = reports or []
-        self._cache: dict[tuple[Any, ...], Any] = {}
+        self._cache: dict[tuple[Any, ...], Future[Any]] = {}
         self._lock = threading.Lock()
 
     def cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        """`make()` once per key; keys carry the manifest version, so a dataset that grows is re-read."""
+        """`make()` once per key; keys carry the manifest version, so a dataset that grows is re-read. A
+        caller asking while another computes the same key waits for that result (no second scan)."""
         with self._lock:
-            if key in self._cache:
-                return self._cache[key]
-        value = make()
-        with self._lock:
-            self._cache[key] = value
-        return value
+            future = self._cache.get(key)
+            owner = future is None
+            if owner:
+                future = self._cache[key] = Future()
+        if not owner:
+            return future.result()
+        try:
+            future.set_result(make())
+        except BaseException as exc:
+            with self._lock:
+                del self._cache[key]  # a failure is not kept: the next request tries again
+            future.set_exception(exc)
+        return future.result()
+
+    def warm(self) -> threading.Thread:
+        """Compute every dataset's facets in the background, from the start: the page asks for them
+        with its first list, and a large dataset's first count of its shards takes seconds."""
+        def run() -> None:
+            for i, source in enumerate(self.store.sources):
+                if source.kind == "dataset":
+                    try:
+                        self.facets(i)
+                    except Exception:  # noqa: BLE001 - the request for them reports the error
+                        pass
+
+        thread = threading.Thread(target=run, name="trajforge-view-facets", daemon=True)
+        thread.start()
+        return thread
 
     # ---- sources and lists ----------------------------------------------------------------------
 

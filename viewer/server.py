@@ -170,6 +170,7 @@ def create_app(sources: list[Source], *, tokenizer: Path | None = None, allowed_
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        viewer.warm()
         yield
         viewer.store.close()
 

@@ -234,3 +234,62 @@ def test_loss_tokens_follow_the_export_masks(tokenizer_dir):
         loss_tokens(tool_trajectory(1), "sharegpt", tokenizer_dir)
     with pytest.raises(LossTokenError, match="cannot load a tokenizer"):
         loss_tokens(tool_trajectory(1), "openai", tokenizer_dir.parent / "nothing-here")
+
+
+# ---- eval and improve reports --------------------------------------------------------------------
+
+
+def _eval_output(path: Path) -> None:
+    """An eval output as `trajforge eval` leaves it (evals.report over the episodes): task t0 solved and
+    failed once each (DB), t1 failed, and one episode of t1 the simulated user spoiled."""
+    from evals.report import build_report, write_report
+    from evals.run import EvalConfig
+    from schemas.models import Provenance, TextObservation, Trajectory
+
+    def episode(task: str, k: int, success: bool, spoiled: bool = False) -> Trajectory:
+        details = {"actions": 1, "stop_reason": "done", "wall_s": 0.1,
+                   "evaluation": {"reward": float(success), "success": success, "reason": "",
+                                  "details": {"basis": ["DB"], "failed": [] if success else ["DB"]}}}
+        if spoiled:
+            details["user_fidelity"] = {"ok": False, "turns": [], "reason": "the user said the answer"}
+        return Trajectory(id=f"eval/{task}#{k}", source="eval", success=success, reward=float(success), details=details,
+                          steps=[TextObservation(content="hi", source="user"), MessageAction(content="ok")],
+                          provenance=Provenance(method="eval", source_id=task))
+
+    ds = Dataset.create(path, stage="eval")
+    with ds.unit("u") as unit:
+        unit.write_many("trajectories", [episode("t0", 0, True), episode("t0", 1, False), episode("t1", 0, False),
+                                         episode("t1", 1, False, spoiled=True)])
+    ds.mark_complete({})
+    cfg = EvalConfig(env="retail", llm={"backend": "fake"}, samples=2)
+    write_report(path, build_report(path, cfg, split="none", run={}, wall_s=1.0))
+
+
+def test_eval_and_improve_reports_are_served_and_a_broken_one_is_one_clear_line(tmp_path):
+    from viewer.reports import find_reports
+
+    _eval_output(tmp_path / "run" / "eval-baseline")
+    (tmp_path / "run" / "report.json").write_text("{trunc")
+    paths = [tmp_path]
+    with TestClient(create_app(discover(paths), reports=find_reports(paths))) as c:
+        reports = c.get("/api/reports").json()
+        assert [(r["kind"], r["name"].removeprefix(str(tmp_path))) for r in reports] == [
+            ("improve", "/run"), ("eval", "/run/eval-baseline")]
+        broken = c.get("/api/report/0")
+        assert broken.status_code == 400 and "run/report.json: cannot read it" in broken.json()["error"]
+        view = c.get("/api/report/1").json()
+        assert view["source"] == 0 and view["k"] == 2 and ["pass@1", "25.0%"] in view["summary"]
+        t0, t1 = view["tasks"]
+        assert (t0["pass@1"], t0["pass@k"], t0["pass^k"], t0["failures"]) == (0.5, 1.0, 0.0, {"DB": 1})
+        assert [(e["id"], e["failed"]) for e in t0["episodes"]] == [("eval/t0#0", []), ("eval/t0#1", ["DB"])]
+        # The spoiled episode is listed (it can be opened) but failed no criterion of the agent's.
+        assert [(e["failed"], e["spoiled"]) for e in t1["episodes"]] == [(["DB"], False), ([], True)]
+        assert t1["pass@k"] is None and t1["user_spoiled"] == 1  # one scored sample: no pass@2
+        assert c.get("/api/0/count/trajectories?task=t1").json() == {"total": 2}
+        assert c.get("/report-media/1/plots/pass_by_group.png").headers["content-type"] == "image/png"
+        assert c.get("/report-media/1/eval.json").status_code == 403
+        assert c.get("/report-media/1/%2e%2e/report.json").status_code in (403, 404)
+        assert c.get("/api/report/7").status_code == 404
+    (tmp_path / "run" / "report.json").write_text('{"before": {}}')
+    with TestClient(create_app(discover(paths), reports=find_reports(paths))) as c:
+        assert "not an improve report" in c.get("/api/report/0").json()["error"]
