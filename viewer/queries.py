@@ -16,6 +16,7 @@ import bisect
 import json
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -314,8 +315,9 @@ class Store:
         for k, hit in enumerate(at):
             by_file.setdefault(hit["filename"], []).append((k, hit["row"]))
         out: list[tuple[int, dict[str, Any]]] = []
-        for file, hits in by_file.items():
-            picked = _rows_of(Path(file), hits, PAGE_LEAVES[table])
+        with ThreadPoolExecutor(max_workers=2) as pool:  # pyarrow decodes off the GIL
+            slices = list(pool.map(lambda item: _rows_of(Path(item[0]), item[1], PAGE_LEAVES[table]), by_file.items()))
+        for picked in slices:
             if picked is None:
                 return None
             cursor = self.cursor()
