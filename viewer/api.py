@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import duckdb
+import pyarrow as pa
 
 from converters.export.render import Unrenderable
 from schemas.arrow import pair_from_row, trajectory_from_row
@@ -109,7 +110,7 @@ class Viewer:
                 return dataset_stats(source.dataset())
             except StoreError as exc:
                 raise ViewError(str(exc)) from None
-            except duckdb.Error as exc:
+            except (duckdb.Error, pa.ArrowException, OSError) as exc:  # the shards are read by both
                 raise unreadable(source.path, exc) from None
 
         return self.cached(("facets", i, self.store.manifest_version(i)), make)

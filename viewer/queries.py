@@ -2,9 +2,10 @@
 
 Nothing is loaded whole: a list is one `SELECT ... WHERE ... [ORDER BY] LIMIT/OFFSET` over the
 shard files the manifest lists, and its count one `count(*)` with the same WHERE. In dataset
-order (the default sort) a page reads only the row groups it shows; a sort reads the sort key of
-every row (DuckDB keeps the top rows and fetches the rest of theirs late). Per-row summaries (task,
-masked and labelled steps) are computed only for the rows of the page.
+order (the default sort) a page reads only the row groups it shows; a sorted page first finds
+where its rows are by the sort key alone (file and row), then reads those rows' columns, only the
+leaf fields of the steps the page shows (pyarrow; DuckDB would read every field of the steps).
+Per-row summaries (task, masked and labelled steps) are computed only for the rows of the page.
 
 The connection is in memory and the shards are only read: DuckDB's spill directory is a private
 temp folder, never the dataset, and its memory is capped.
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.store import StoreError, duckdb_files
-from viewer.sources import Source, ViewError, first_line
+from viewer.sources import Source, ViewError, first_line, unreadable
 
 PAGE_LIMIT = 200
 DEFAULT_MEMORY_LIMIT = "2GB"
@@ -315,8 +316,12 @@ class Store:
         for k, hit in enumerate(at):
             by_file.setdefault(hit["filename"], []).append((k, hit["row"]))
         out: list[tuple[int, dict[str, Any]]] = []
-        with ThreadPoolExecutor(max_workers=2) as pool:  # pyarrow decodes off the GIL
-            slices = list(pool.map(lambda item: _rows_of(Path(item[0]), item[1], PAGE_LEAVES[table]), by_file.items()))
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:  # pyarrow decodes off the GIL
+                slices = list(pool.map(lambda item: _rows_of(Path(item[0]), item[1], PAGE_LEAVES[table]),
+                                       by_file.items()))
+        except (OSError, pa.ArrowException) as exc:
+            raise unreadable(self.source(index).path, exc) from None
         for picked in slices:
             if picked is None:
                 return None

@@ -293,3 +293,19 @@ def test_eval_and_improve_reports_are_served_and_a_broken_one_is_one_clear_line(
     (tmp_path / "run" / "report.json").write_text('{"before": {}}')
     with TestClient(create_app(discover(paths), reports=find_reports(paths))) as c:
         assert "not an improve report" in c.get("/api/report/0").json()["error"]
+
+
+def test_a_shard_with_corrupt_pages_is_one_clear_line_in_facets_and_sorted_pages(viewer_dataset, tmp_path):
+    import shutil
+
+    copy = tmp_path / "ds"
+    shutil.copytree(viewer_dataset, copy)
+    shard = Dataset.open(copy).shard_files("trajectories")[0]
+    data = bytearray(shard.read_bytes())
+    data[8:len(data) // 2] = b"\xff" * (len(data) // 2 - 8)  # the pages, not the footer
+    shard.write_bytes(bytes(data))
+    with TestClient(create_app(discover([copy]))) as c:
+        facets = c.get("/api/0/facets")
+        assert facets.status_code == 400 and "a shard cannot be read" in facets.json()["error"], facets.text
+        page = c.get("/api/0/list/trajectories?sort=reward&desc=1")
+        assert page.status_code == 400 and "\n" not in page.json()["error"] and "Traceback" not in page.text
