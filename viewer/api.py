@@ -8,7 +8,6 @@ background when the server starts.
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -66,11 +65,8 @@ class Viewer:
         """Compute every dataset's facets in the background, from the start: the page asks for them
         with its first list, and a large dataset's first count of its shards takes seconds."""
         def run() -> None:
-            try:  # below the requests' threads: the first page is not slowed by it (Linux nice is per thread,
-                # and the threads it starts inherit it)
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            except (OSError, AttributeError):
-                pass
+            # At the requests' own priority: below it (nice), a loaded machine starves it, and the page's
+            # request for the facets waits on it all the same.
             for i, source in enumerate(self.store.sources):
                 if source.kind == "dataset":
                     try:
