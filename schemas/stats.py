@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -45,9 +46,18 @@ class ShardCounts:
 
 
 def _tally(counts: Counter[tuple[str, str | None]], what: str, values: pa.Array, name: Any = None) -> None:
-    for row in pc.value_counts(values).to_pylist():
-        value = row["values"]
-        counts[(what, name(value) if name else value)] += row["counts"]
+    """Add the count of each value (`name(value)` when given) under `what`: a dictionary array by its
+    codes (no string is decoded), anything else by pyarrow's value counts."""
+    if pa.types.is_dictionary(values.type):
+        codes = pc.drop_null(values.indices).to_numpy(zero_copy_only=False)
+        tallies = zip(values.dictionary.to_pylist(), np.bincount(codes, minlength=len(values.dictionary)).tolist())
+        if values.null_count:
+            tallies = [*tallies, (None, values.null_count)]
+    else:
+        tallies = ((row["values"], row["counts"]) for row in pc.value_counts(values).to_pylist())
+    for value, n in tallies:
+        if n:
+            counts[(what, name(value) if name else value)] += n
 
 
 @functools.lru_cache(maxsize=4096)
@@ -64,10 +74,19 @@ def shard_counts(path: str, size: int, mtime_ns: int) -> ShardCounts:
         names = t.schema.names
         if "source" in names:
             _tally(counts, "source", t.column("source").chunk(0))
-        method = t.column("provenance").chunk(0).field("method") if "provenance" in names else pa.nulls(t.num_rows)
-        _tally(counts, "method", method, lambda v: "-" if v is None else v)
-        success = t.column("success").chunk(0) if "success" in names else pa.nulls(t.num_rows, pa.bool_())
-        _tally(counts, "outcome", success, lambda v: "unknown" if v is None else str(v).lower())
+        if "provenance" in names:
+            _tally(counts, "method", t.column("provenance").chunk(0).field("method"), lambda v: "-" if v is None else v)
+        else:
+            counts[("method", "-")] += t.num_rows
+        if "success" in names:
+            success = t.column("success").chunk(0)
+            true = pc.sum(success).as_py() or 0
+            for value, n in (("true", true), ("false", len(success) - success.null_count - true),
+                             ("unknown", success.null_count)):
+                if n:
+                    counts[("outcome", value)] += n
+        else:
+            counts[("outcome", "unknown")] += t.num_rows
         if "reward" in names:
             reward = t.column("reward").chunk(0)
             n = pc.count(reward).as_py()
@@ -78,18 +97,30 @@ def shard_counts(path: str, size: int, mtime_ns: int) -> ShardCounts:
                 hi = mm["max"] if hi is None else max(hi, mm["max"])
         if "steps" in names:
             steps = t.column("steps").chunk(0)
-            _tally(counts, "length", pc.list_value_length(steps), lambda v: None if not v else str(v))
+            lengths = pc.drop_null(pc.list_value_length(steps)).to_numpy(zero_copy_only=False)
+            for n, k in enumerate(np.bincount(lengths).tolist() if len(lengths) else []):
+                if n and k:  # empty or missing step lists: counted as 0 steps from the total
+                    counts[("length", str(n))] += k
             flat = pc.list_flatten(steps)
             fields = {flat.type.field(k).name for k in range(flat.type.num_fields)}
             if "kind" in fields:
                 kind = flat.field("kind")
                 _tally(counts, "kind", kind)
                 if "function" in fields:
-                    _tally(counts, "tool", pc.filter(flat.field("function"), pc.equal(kind.cast(pa.string()), "api")))
+                    _tally(counts, "tool", pc.filter(flat.field("function"), _is_api(kind)))
             if "label" in fields:
                 _tally(counts, "label", flat.field("label"))
-    counts.pop(("length", None), None)  # empty or missing step lists: counted as 0 steps from the total
     return ShardCounts(dict(counts), (n_reward, lo, hi, total))
+
+
+def _is_api(kind: pa.Array) -> pa.Array:
+    """Which steps are tool calls, from the kinds' codes when they are a dictionary."""
+    if not pa.types.is_dictionary(kind.type):
+        return pc.equal(kind, "api")
+    names = kind.dictionary.to_pylist()
+    if "api" not in names:
+        return pa.array(np.zeros(len(kind), dtype=bool))
+    return pc.equal(kind.indices, names.index("api"))
 
 
 def _shard_tallies(files: list[Path]) -> tuple[Counter[tuple[str, str | None]], tuple[int, float | None, float | None, float]]:
