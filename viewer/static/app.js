@@ -595,7 +595,7 @@ function drawReportNav(current) {
 const pct = (v) => (v === null || v === undefined ? "n/a" : `${(100 * v).toFixed(1)}%`);
 const points = (v) => (v === null || v === undefined ? "n/a" : `${v >= 0 ? "+" : "−"}${Math.abs(100 * v).toFixed(1)}`);
 const interval = (d) => (d ? `${points(d.mean)} points [${points(d.low)}, ${points(d.high)}]` : "n/a");
-const table = (cls, head, rows) => h("table", {class: `report-table ${cls}`},
+const reportTable = (cls, head, rows) => h("table", {class: `report-table ${cls}`},
   h("thead", {}, h("tr", {}, head.map((c) => h("th", {text: c})))),
   h("tbody", {}, rows));
 const listHref = (source, params) => `#/${source}/trajectories?${new URLSearchParams(params)}`;
@@ -633,14 +633,14 @@ function evalReport(view) {
   return [
     h("h1", {text: `eval: ${view.name}`}),
     h("p", {class: "muted"}, view.path, src !== null ? [" · ", link(`#/${src}/trajectories`, "all episodes", "episodes-link")] : null),
-    table("headline", ["what", "value"], view.summary.map(([a, b]) => h("tr", {}, h("td", {text: a}), h("td", {text: b})))),
-    section("pass@k", "pass-k", table("pass-k-table", ["k", "pass@k", "pass^k", "tasks"],
+    reportTable("headline", ["what", "value"], view.summary.map(([a, b]) => h("tr", {}, h("td", {text: a}), h("td", {text: b})))),
+    section("pass@k", "pass-k", reportTable("pass-k-table", ["k", "pass@k", "pass^k", "tasks"],
       Object.entries(view.pass).map(([kk, v]) => h("tr", {}, h("td", {text: kk}), h("td", {text: pct(v["pass@k"])}), h("td", {text: pct(v["pass^k"])}), h("td", {text: String(v.tasks)}))))),
-    section("failures by criterion", "failures", Object.keys(fails).length ? table("failures-table", ["criterion", "failed episodes", "episodes"],
+    section("failures by criterion", "failures", Object.keys(fails).length ? reportTable("failures-table", ["criterion", "failed episodes", "episodes"],
       Object.entries(fails).map(([c, n]) => h("tr", {"data-criterion": c}, h("td", {class: "criterion", text: c}), h("td", {text: String(n)}),
         h("td", {}, src !== null ? (byCriterion[c] || []).slice(0, 30).map((e) => episodeChip(src, e)) : null))))
       : h("p", {class: "muted"}, "no failed episode")),
-    section(`tasks (${view.tasks.length})`, "tasks", table("tasks-table", ["task", "solved", "pass@1", `pass@${k}`, `pass^${k}`, "reward", "failures", "episodes"],
+    section(`tasks (${view.tasks.length})`, "tasks", reportTable("tasks-table", ["task", "solved", "pass@1", `pass@${k}`, `pass^${k}`, "reward", "failures", "episodes"],
       view.tasks.map(taskRow)),
       view.episodes_cut ? h("p", {class: "muted"}, `episodes listed for the first ${view.episodes_listed} only`) : null),
     plotsSection(view.index, view.plots),
@@ -671,7 +671,7 @@ function improveReport(view) {
   return [
     h("h1", {text: `improve: ${view.name}`}),
     h("p", {class: "muted"}, view.path),
-    table("headline", ["what", "value"], [
+    reportTable("headline", ["what", "value"], [
       h("tr", {}, h("td", {text: "before"}), h("td", {}, `${pct(before["pass@1"])} · ${before.model || ""} · `, evalLink(before.output, "baseline eval"))),
       h("tr", {}, h("td", {text: "after"}), h("td", {}, `${pct(after["pass@1"])} · ${after.model || ""} · `, evalLink(after.output, "trained eval"))),
       h("tr", {class: "delta"}, h("td", {text: `difference after − before${d ? ` (${Math.round(100 * d.level)}% paired bootstrap interval)` : ""}`}), h("td", {class: "interval", text: interval(d)})),
@@ -679,16 +679,16 @@ function improveReport(view) {
       h("tr", {}, h("td", {text: "wall time"}), h("td", {text: `${fmtNum(rep.seconds)} s`})),
     ]),
     (cmp.warnings || []).map((w) => errorBox(`warning: ${w}`)),
-    rounds.length ? section(`rounds (${rounds.length})`, "rounds", table("rounds-table",
+    rounds.length ? section(`rounds (${rounds.length})`, "rounds", reportTable("rounds-table",
       ["round", "pass@1", "vs baseline", "vs previous round", "train pass@k", "training rows", "trains from", "time", "eval"], rounds.map(roundRow))) : null,
-    section("before and after", "before-after", table("before-after-table", ["", "before", "after"],
+    section("before and after", "before-after", reportTable("before-after-table", ["", "before", "after"],
       metrics.map((m) => h("tr", {"data-metric": m}, h("td", {text: m}), h("td", {text: value(m, before[m])}), h("td", {text: value(m, after[m])}))))),
-    section("per task group", "groups", table("groups-table", ["group", "tasks", "before", "after", "difference"],
+    section("per task group", "groups", reportTable("groups-table", ["group", "tasks", "before", "after", "difference"],
       (cmp.groups || []).map((g) => h("tr", {}, h("td", {text: g.group}), h("td", {text: String(g.tasks)}), h("td", {text: pct(g.a)}), h("td", {text: pct(g.b)}), h("td", {text: points(g.delta)}))))),
-    section("per task", "per-task", table("per-task-table", ["task", "before", "after", "difference", "episodes"],
+    section("per task", "per-task", reportTable("per-task-table", ["task", "before", "after", "difference", "episodes"],
       (cmp.per_task || []).map((t) => h("tr", {"data-task": t.task}, h("td", {text: t.task}), h("td", {text: pct(t.a)}), h("td", {text: pct(t.b)}),
         h("td", {text: points(t.delta)}), h("td", {}, taskEpisodes(srcA, t.task, "before"), " ", taskEpisodes(srcB, t.task, "after")))))),
-    cmp.failures && Object.keys(cmp.failures).length ? section("failures by criterion", "failures", table("failures-table", ["criterion", "before", "after"],
+    cmp.failures && Object.keys(cmp.failures).length ? section("failures by criterion", "failures", reportTable("failures-table", ["criterion", "before", "after"],
       Object.entries(cmp.failures).map(([c, v]) => h("tr", {"data-criterion": c}, h("td", {class: "criterion", text: c}), h("td", {text: String(v.a)}), h("td", {text: String(v.b)}))))) : null,
     plotsSection(view.index, view.plots),
     rep.stage_seconds ? collapsed("time per stage", "stage-seconds", pre(pretty(rep.stage_seconds))) : null,
