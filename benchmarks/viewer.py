@@ -7,8 +7,8 @@ Builds N synthetic trajectories (a user task, then 5-30 steps from a pool; 1M by
   until the page, its assets, the source list, the first page of trajectories (50 rows) and their
   count have been served over HTTP, one after the other; target < 3 s;
 - then, on the running server, what a user does next: the facets (`trajforge stats`) and a sort
-  by reward (target < 2 s each), a text search, a filter, a deep page and one trajectory
-  (informative, no target);
+  by reward (target < 2 s each), a sort by steps, a text search, a filter, a deep page and one
+  trajectory (informative, no target);
 - the facets computed in a fresh process with nothing cached (the server starts that computation
   when it opens; informative).
 
@@ -140,6 +140,7 @@ def run(records: int, path: Path) -> list[dict[str, Any]]:
             ("filter success=true, reward 0.2-0.4: first page", f"{api}/list/trajectories?{narrow}&limit=50"),
             ("filter success=true, reward 0.2-0.4: count", f"{api}/count/trajectories?{narrow}"),
             ("sort by reward, descending", f"{api}/list/trajectories?sort=reward&desc=1&limit=50"),
+            ("sort by steps, descending", f"{api}/list/trajectories?sort=steps&desc=1&limit=50"),
             (f"page at offset {records - 100:,}", f"{api}/list/trajectories?offset={records - 100}&limit=50"),
             ("one trajectory by id", f"{api}/trajectory?id=bench/{records // 2}"),
         ]

@@ -14,6 +14,7 @@ temp folder, never the dataset, and its memory is capped.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import tempfile
 import threading
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.store import StoreError, duckdb_files
@@ -295,23 +297,47 @@ class Store:
         params.update(limit=req.limit + 1, offset=req.offset)
         rows = None
         if order and table in PAGE_LEAVES:
-            rows = self._sorted_page(index, table, where, order, params)
+            # By steps with nothing else asked: positions from the shards' step counts (one leaf of the steps).
+            lengths = self._step_counts(index, table) if req.sort == "steps" and not where else None
+            located = order.replace("len(steps)", "n") if lengths is not None else order
+            rows = self._sorted_page(index, table, where, located, params, lengths)
         if rows is None:
             rows = self.rows(f"SELECT {columns} FROM {relation} {where} {order} LIMIT $limit OFFSET $offset", params)
         if table == "rows":
             rows = [export_row(r) for r in rows]
         return {**out, "rows": rows[: req.limit], "more": len(rows) > req.limit}
 
-    def _sorted_page(self, index: int, table: str, where: str, order: str, params: dict[str, Any]
-                     ) -> list[dict[str, Any]] | None:
+    def _step_counts(self, index: int, table: str) -> pa.Table:
+        """(filename, row, id, n): every row's step count, from the shards' cached counts."""
+        parts = []
+        for file in self.files(index, table):
+            stat = file.stat()
+            try:
+                counted = shard_step_counts(str(file), stat.st_size, stat.st_mtime_ns)
+            except (OSError, pa.ArrowException) as exc:
+                raise unreadable(self.source(index).path, exc) from None
+            parts.append(counted.append_column("filename", pa.array([str(file)] * len(counted), pa.string())))
+        return pa.concat_tables(parts)
+
+    def _sorted_page(self, index: int, table: str, where: str, order: str, params: dict[str, Any],
+                     lengths: pa.Table | None = None) -> list[dict[str, Any]] | None:
         """A sorted page in two steps: where its rows are (file, row) by the sort key alone, then the page's
         columns of those rows only, from the leaf columns they need (a sort by reward reads the rewards and
         50 rows' steps, not every step of every row). None when a shard lacks a field the page reads (an
         older shard): the one-query path then unifies the schemas."""
         files = self.files(index, table)
-        located = (f"read_parquet({duckdb_files(files)}, union_by_name=true, filename=true, file_row_number=true)")
-        at = self.rows(f"SELECT filename, file_row_number AS row FROM {located} {where} {order} LIMIT $limit OFFSET $offset",
-                       params)
+        if lengths is None:
+            located = f"read_parquet({duckdb_files(files)}, union_by_name=true, filename=true, file_row_number=true)"
+            at = self.rows(f"SELECT filename, file_row_number AS row FROM {located} {where} {order} "
+                           "LIMIT $limit OFFSET $offset", params)
+        else:
+            cursor = self.cursor()
+            try:
+                cursor.register("counted", lengths)
+                at = cursor.sql(f"SELECT filename, row FROM counted {order} LIMIT $limit OFFSET $offset",
+                                params=params).to_arrow_table().to_pylist()
+            finally:
+                cursor.close()
         by_file: dict[str, list[tuple[int, int]]] = {}
         for k, hit in enumerate(at):
             by_file.setdefault(hit["filename"], []).append((k, hit["row"]))
@@ -396,6 +422,15 @@ class Store:
             return None
         found = self.rows(f"SELECT * FROM {relation} LIMIT 1 OFFSET $row", {"row": row})
         return export_row({"row": row, **found[0]}) if found else None
+
+
+@functools.lru_cache(maxsize=4096)
+def shard_step_counts(path: str, size: int, mtime_ns: int) -> pa.Table:
+    """(row, id, n) of a shard: each row's step count from one leaf of the steps (not every field of
+    every step, as DuckDB's len(steps) reads); cached per file version."""
+    t = pq.ParquetFile(path).read(columns=["id", "steps.list.element.kind"], use_threads=False)
+    return pa.table({"row": pa.array(range(t.num_rows), pa.int64()), "id": t.column("id"),
+                     "n": pc.list_value_length(t.column("steps"))})
 
 
 # The leaf columns a page's columns read (TABLES[...].columns), for the two-step sorted page.
