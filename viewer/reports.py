@@ -19,7 +19,7 @@ from evals.metrics import pass_at_k
 from evals.report import REPORT as EVAL_REPORT
 from evals.report import failed_criteria, headline
 from schemas.store import MANIFEST
-from viewer.sources import SEARCH_DEPTH, Source, ViewError
+from viewer.sources import SEARCH_DEPTH, Source, ViewError, first_line
 
 IMPROVE_REPORT = "report.json"
 # An eval's episodes listed with their task and failed criteria; beyond this many, the page says so.
@@ -72,8 +72,7 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ViewError(f"{path}: cannot read it ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                        ) from None
+        raise ViewError(f"{path}: cannot read it ({first_line(exc)})") from None
     if not isinstance(value, dict):
         raise ViewError(f"{path}: not a JSON object")
     return value
