@@ -4,7 +4,8 @@ Nothing is loaded whole: a list is one `SELECT ... WHERE ... [ORDER BY] LIMIT/OF
 shard files the manifest lists, and its count one `count(*)` with the same WHERE. In dataset
 order (the default sort) a page reads only the row groups it shows; a sorted page first finds
 where its rows are by the sort key alone (file and row), then reads those rows' columns, only the
-leaf fields of the steps the page shows (pyarrow; DuckDB would read every field of the steps).
+leaf fields of the steps the page shows (pyarrow; DuckDB would read every field of the steps). A
+sort by steps with no search or filter takes the step counts from one leaf of the steps, per shard.
 Per-row summaries (task, masked and labelled steps) are computed only for the rows of the page.
 
 The connection is in memory and the shards are only read: DuckDB's spill directory is a private
