@@ -126,7 +126,6 @@ def _max_steps(data: dict[str, Any]) -> int | None:
 async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, max_steps: int | None) -> CheckReport:
     from envs.check import check_env
     from envs.spec import EnvFactory
-    from envs.tasks import load_tasks
 
     llm = None
     if llm_config is not None and _needs_method_llm(spec):
@@ -136,7 +135,7 @@ async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, 
     factory = EnvFactory(spec, llm, output=scratch)
     factory.max_steps = max_steps
     try:
-        task_list = load_tasks(spec.tasks, spec.env, factory.make() if spec.tasks.source == "env" else None)
+        task_list = factory.tasks()
         if not task_list:
             raise ValueError("the task source gave no tasks")
         with RichProgress(f"envs check {spec.env}", console=err_console) as progress:

@@ -45,6 +45,7 @@ from envs.mcp.config import (ConfigError, DigestConfig, MCPConfig, ToolCallConfi
                              shared_paths)
 from envs.mcp.content import result_text, tool_observation
 from envs.mcp.server import ServerPool, ServerSession, acquire_pool, release_pool
+from envs.tasks import Interpreter
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool
 from schemas.toolcalls import call_problem
 
@@ -126,7 +127,9 @@ class MCPEnv(Environment):
             recycle_after=recycle_after, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s,
             fixtures=fixtures).items() if v is not None}
         self.config = MCPConfig.parse(settings)
-        super().__init__(max_steps=max_steps, user=user, policy=load_policy(self.config.policy))
+        policy_file = self.config.policy is not None and self.config.policy.startswith("pkg://")
+        super().__init__(max_steps=max_steps, user=user, policy=load_policy(
+            self.config.policy, self.config.server.interpreter() if policy_file else None))
         self.judge, self._own_judge = self._make_judge(judge)
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.log_dir = self.output_dir / "logs" / "mcp" if self.output_dir is not None else None
@@ -144,6 +147,15 @@ class MCPEnv(Environment):
     def shared_paths(cls, env_config: dict[str, Any]) -> list[str]:
         """Files outside the server's {tmpdir} it is handed (what `envs check` would change); see config.shared_paths."""
         return shared_paths(MCPConfig.parse({k: v for k, v in env_config.items() if k in MCPConfig.model_fields}))
+
+    @classmethod
+    def package_interpreter(cls, env_config: dict[str, Any]) -> Interpreter | None:
+        """The server's Python, where `pkg://` task paths resolve first (a server run from its own venv)."""
+        try:
+            config = MCPConfig.parse({k: v for k, v in env_config.items() if k in MCPConfig.model_fields})
+        except ConfigError:
+            return None  # the environment itself names the problem when it is made
+        return config.server.interpreter()
 
     @staticmethod
     def _make_judge(judge: LLM | dict[str, Any] | None) -> tuple[LLM | None, bool]:
