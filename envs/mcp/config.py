@@ -139,7 +139,7 @@ class ServerConfig(BaseModel):
         except EnvError:
             return None
         looks_like_python = re.fullmatch(r"python[0-9.]*", program.name) is not None
-        candidates = [Path(d) / "python" for d in search[:1] if self.venv]
+        candidates = [Path(search[0]) / "python"] if self.venv else []  # search[0]: the venv's bin/
         candidates.append(program if looks_like_python else program.parent / "python")
         python = next((p for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
         if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):

@@ -25,7 +25,7 @@ STORED = ("image", "audio")  # blocks whose bytes become files
 
 
 def _suffix(mime: str | None) -> str:
-    return (mimetypes.guess_extension(mime or "") or ".bin") if mime else ".bin"
+    return (mimetypes.guess_extension(mime) if mime else None) or ".bin"
 
 
 def _store(files: EpisodeFiles | None, data: str | None, mime: str | None, kind: str) -> tuple[str | None, str]:

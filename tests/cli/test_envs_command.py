@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +15,7 @@ from flows.cli import app
 from tests.envs.mcp_support import CONFIG, TASKS
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The temp directory the checks' folders go to: the test's own (a failing check keeps its folder)."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
+pytestmark = pytest.mark.usefixtures("scratch")  # a failing check's folder goes to the test's tmp_path
 # Two tasks that ask for nothing to change and nothing to be told (25, 57), one that asks only for
 # information graded by NL assertions (24), references that probe a wrong email first (35) or make a
 # write that fails in tau2's own replay of them (105), and plain ones.

@@ -24,6 +24,7 @@ from tests.conftest import REPO
 from tests.server_venvs import server_venv
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("scratch")  # a failing check's folder goes to the test's tmp_path
 
 
 @pytest.fixture(scope="session")
