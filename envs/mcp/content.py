@@ -33,7 +33,7 @@ def _store(files: EpisodeFiles | None, data: str | None, mime: str | None, kind:
     if files is None:
         return None, "not stored: the environment has no output directory"
     try:
-        raw = base64.b64decode(data or "", validate=True)
+        raw = base64.b64decode("".join((data or "").split()), validate=True)  # line-wrapped base64 is base64
     except (binascii.Error, ValueError):
         return None, f"not stored: the server's {kind} data is not base64"
     return files.write(raw, _suffix(mime)), ""
