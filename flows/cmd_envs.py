@@ -168,7 +168,7 @@ def _print(report: CheckReport, kept: Path | None) -> None:
         table.add_row(what, value)
     console.print(table)
     # A reference call made and refused in both passes: the refusal says why (under its task's failure, if any).
-    refused = {e.task: [] for e in report.reference_errors}
+    refused: dict[str, list[str]] = {e.task: [] for e in report.reference_errors}
     for error in report.reference_errors:
         refused[error.task].append(f"step {error.index} {error.tool} was refused: {error.error}")
     for result in report.results:
