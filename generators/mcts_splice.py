@@ -222,6 +222,10 @@ class MCTSSplice(EnvMethod):
              Role("revision writer", "writes the revision thought", (),
                   by_design="the revision is the agent's own thought, trained as its turn"))
 
+    def __init__(self, config: MCTSSpliceConfig, llm: Any) -> None:
+        super().__init__(config, llm)
+        self._warned_fallbacks: set[str] = set()  # each kind of fallback is warned once per run
+
     def roles_in_use(self) -> list[Role]:
         used = {"first-error verifier": self.config.verifier == "llm", "revision writer": self.config.revision == "model"}
         return [r for r in super().roles_in_use() if used.get(r.name, True)]
@@ -280,9 +284,8 @@ class MCTSSplice(EnvMethod):
     def _fallback(self, result: TaskResult, what: str, instead: str) -> None:
         """Count a fallback from the configured way, and warn the first time this run takes it."""
         result.counts[f"fallback_{what}"] += 1
-        warned: set[str] = self.__dict__.setdefault("_warned_fallbacks", set())
-        if what not in warned:
-            warned.add(what)
+        if what not in self._warned_fallbacks:
+            self._warned_fallbacks.add(what)
             log.warning("mcts_splice: %s: %s (counted as fallback_%s; each record says so in details.fallbacks)",
                         what.replace("_", " "), instead, what)
 
