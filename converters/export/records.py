@@ -44,6 +44,14 @@ SPOILED = "the simulated user broke the episode (details.user_fidelity)"
 # episode, so per-record formats leave it out; its pair trains it.
 PAIR_ONLY = "pair_only"
 PAIR_MEMBER = "a pair member only (details.pair_only): trained through its pair"
+
+
+def trains_records(fmt: Any) -> bool:
+    """Whether a format trains on each record by itself (SFT, KTO): those leave pair-only records out; an
+    interchange format (ATIF) keeps every record."""
+    return bool(fmt.supervised) or fmt.name == "trl-kto"
+
+
 # Where a method fell back from what its paper does (e.g. no first error named: the divergence point), the record
 # says so in `details["fallbacks"]` ({what: what was used instead}); the card counts them.
 FALLBACKS = "fallbacks"
