@@ -22,7 +22,11 @@ none, as Agent-R); the records say which rule ran (`details["splice"]["pairing"]
   path's own steps, not after the failed segment).
 - preference pairs, both with `prefix_len` = the shared prefix: trajectory level (the two
   complete paths) and step level (IPR / Agent Q: prefix + the next action only). Member
-  trajectories are written too (unique ids), so the DPO exporter can join them.
+  trajectories are written too (unique ids), so the DPO exporter can join them; a step pair's
+  members are no episodes and carry `details["pair_only"]`: SFT and KTO exports leave them out.
+- every fallback (no first error named: the divergence point; an empty model revision: a
+  template) counted (`fallback_<what>`), warned once per run, and recorded on the spliced
+  record (`details["fallbacks"]`), which the export card counts.
 
 Works on every environment: worlds that snapshot branch from copies, the others (MCP servers,
 browsers) by replaying a node's history in a fresh episode (`mcts_replays` counts them). Every
