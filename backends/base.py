@@ -7,6 +7,7 @@ Implementations only provide `_complete(request)`: one raw call returning `reque
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import re
@@ -36,6 +37,11 @@ log = logging.getLogger("trajforge.backends")
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+
+
+def template_hash(template: str) -> str:
+    """A chat template's identity in records (`Tokens.chat_template`): the first 16 hex digits of its sha256."""
+    return hashlib.sha256(template.encode()).hexdigest()[:16]
 
 
 class LLM(ABC):

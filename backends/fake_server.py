@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import re
 import subprocess
@@ -370,10 +371,20 @@ def _chat_pieces(messages: list[dict[str, Any]]) -> list[str]:
 
 
 def _answer_text(message: dict[str, Any]) -> str:
-    """An answer as a model would have written it: its text, then each tool call in a `<tool_call>` block."""
-    calls = [f"<tool_call>{{\"name\": {orjson.dumps(c['function']['name']).decode()}, \"arguments\": "
-             f"{c['function']['arguments']}}}</tool_call>" for c in message.get("tool_calls") or ()]
+    """An answer as a model would have written it: its text, then each tool call in a `<tool_call>` block, its
+    arguments written as a chat template's `tojson` writes them (a client may re-serialize them in the next
+    request: the same rendering keeps the conversation's prompts extending each other)."""
+    calls = [f"<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': _arguments(c)})}</tool_call>"
+             for c in message.get("tool_calls") or ()]
     return "\n".join([message.get("content") or "", *calls]).strip()
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    text = call["function"].get("arguments") or "{}"
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON (a garbage answer): as written
 
 
 def prompt_logprobs(messages: list[dict[str, Any]], logprob: float) -> list[dict[str, dict[str, Any]] | None]:

@@ -20,7 +20,6 @@ repeatable. One generation runs at a time (the model object is shared).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import threading
 import uuid
@@ -30,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import LLM
+from backends.base import LLM, template_hash
 from backends.config import LLMConfig
 from backends.emulation import prepare
 from backends.jsonrepair import extract_json
@@ -115,11 +114,6 @@ def default_model_path() -> str:
     from backends.llamacpp_backend import find_smollm2_gguf
 
     return find_smollm2_gguf()
-
-
-def template_hash(template: str) -> str:
-    """The chat template's identity in records: the first 16 hex digits of its sha256."""
-    return hashlib.sha256(template.encode()).hexdigest()[:16]
 
 
 def renders_tools(template: str) -> bool:

@@ -1,0 +1,147 @@
+"""Exports train the tokens the model was fed and produced: rollouts generated through the CLI against the fake
+server (vLLM's token ids over real HTTP) carry the server's ids per model call; `--format rl` rows hold them with a
+mask on exactly the model's tokens; `--format tokenized` takes them or the template's render and counts, in the card,
+the rows where the two differ."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from backends.fake_server import FakeServer, Rule
+from converters.export.tokenized import ChatTokenizer
+from converters.export.tokens import first_difference
+from flows.cli import app
+from schemas.store import Dataset
+from tests.export import _tiny
+from tests.generators.test_rollout import RetailScript, _retail_tasks
+
+
+def _logprobs(n: int) -> list[float]:
+    return [-((k % 8) + 1) / 16 for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """Rollouts of 3 retail tasks (solved; failed; one unreadable answer then solved), and the server's log."""
+    tmp = tmp_path_factory.mktemp("token-truth")
+    tasks = _retail_tasks(3)
+    with FakeServer(rules=[Rule(fn=RetailScript(tasks))]) as server:
+        config = {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": 3}, "max_steps": 6,
+                  "max_parse_failures": 2, "concurrency": 1, "unit_tasks": 3,
+                  "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                          "max_retries": 0}}
+        (tmp / "c.yaml").write_text(yaml.safe_dump(config))
+        result = CliRunner().invoke(app, ["generate", "--method", "rollout", "--config", str(tmp / "c.yaml"),
+                                          "--output", str(tmp / "data")])
+        log = [e for e in server.log if "token_ids" in e]
+    assert result.exit_code == 0, result.output
+    return tmp / "data", log, tasks
+
+
+def _export(data: Path, out: Path, *args: str) -> list[dict]:
+    result = CliRunner().invoke(app, ["export", str(data), "--output", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return pq.read_table(out / "data").to_pylist()
+
+
+def test_each_model_step_records_the_ids_and_logprobs_the_server_returned(generated):
+    data, log, tasks = generated
+    records = list(Dataset.open(data).iter_records())
+    assert sorted(t.id for t in records) == [f"rollout/{task.id}#0" for task in tasks]
+    calls = 0
+    for t in records:
+        for step in t.steps:
+            if step.usage is None:
+                continue
+            tokens = step.usage.tokens
+            assert tokens is not None and tokens.tokenizer == "fake-model"
+            [entry] = [e for e in log if e["prompt_token_ids"] == tokens.prompt_ids]
+            assert tokens.completion_ids == entry["token_ids"][0]
+            assert tokens.logprobs == _logprobs(len(tokens.completion_ids))
+            calls += 1
+    assert calls >= len(records) * 3
+
+
+def test_rl_rows_mask_exactly_the_model_tokens_of_multi_turn_rollouts(generated, tmp_path):
+    data, log, tasks = generated
+    rows = _export(data, tmp_path / "rl", "--format", "rl")
+    records = {t.id: t for t in Dataset.open(data).iter_records()}
+    assert {r["id"] for r in rows} == set(records)
+    for row in rows:
+        t = records[row["id"]]
+        steps = [j for j, s in enumerate(t.steps) if s.usage is not None]
+        assert row["steps"] == steps and row["segment"] == 0  # every prompt extends the one before: one row
+        mask, ids, logprobs = row["completion_mask"], row["completion_ids"], row["completion_logprobs"]
+        assert len(mask) == len(ids) == len(logprobs)
+        # The tokens under mask 1 are, in order, exactly the completions of the trained model steps; the rest
+        # (tool results, the user's turns, the template's headers, an untrained answer) are 0.
+        trained = [t.steps[j].usage.tokens for j in steps if t.steps[j].train]
+        assert [i for i, m in zip(ids, mask) if m] == [i for tok in trained for i in tok.completion_ids]
+        assert [lp for lp, m in zip(logprobs, mask) if m] == [lp for tok in trained for lp in tok.logprobs]
+        # The whole row is the last request the model answered, then its answer.
+        last = t.steps[steps[-1]].usage.tokens
+        assert row["prompt_ids"] + ids == last.prompt_ids + last.completion_ids
+        assert row["prompt_ids"] == t.steps[steps[0]].usage.tokens.prompt_ids
+        assert row["reward"] == t.reward and len(row["step_rewards"]) == len(steps)
+        env_tokens = len(mask) - sum(mask) - sum(len(t.steps[j].usage.tokens.completion_ids)
+                                                  for j in steps if not t.steps[j].train)
+        assert env_tokens > 0 and len(steps) >= 2
+        # Only the environment's tokens have logprob 0 (the server's are never 0): an untrained answer keeps its own.
+        assert sum(1 for lp in logprobs if lp == 0.0) == env_tokens
+    # The unreadable answer (task 2) is in its row, untrained.
+    retried = next(r for r in rows if r["id"] == f"rollout/{tasks[2].id}#0")
+    bad = next(j for j in retried["steps"] if not records[retried["id"]].steps[j].train)
+    assert records[retried["id"]].steps[bad].extra.get("parse_error")
+    card = json.loads((tmp_path / "rl" / "card.json").read_text())
+    readme = (tmp_path / "rl" / "README.md").read_text()
+    assert card["format"] == "rl" and "`completion_mask` | `completion_mask` | `loss_masks`" in readme
+    assert "`response_ids`" in readme and "`rollout_logprobs`" in readme
+
+
+def test_tokenized_takes_the_recorded_ids_or_the_render_and_counts_where_they_differ(generated, tmp_path_factory,
+                                                                                      tmp_path):
+    data, _, _ = generated
+    tokenizer = str(_tiny.shared_model_dir(tmp_path_factory))
+    recorded = _export(data, tmp_path / "rec", "--format", "tokenized", "--tokenizer", tokenizer)
+    rendered = _export(data, tmp_path / "ren", "--format", "tokenized", "--tokenizer", tokenizer,
+                       "--tokens", "rendered")
+    assert len(recorded) == len(rendered) > 4
+    calls = {}
+    for t in Dataset.open(data).iter_records():
+        for s in t.steps:
+            if s.usage is not None and s.train:
+                calls.setdefault(t.id, []).append(s.usage.tokens)
+    differ = []
+    for rec, ren in zip(recorded, rendered):
+        assert rec["id"] == ren["id"] and rec["token_source"] == "recorded" and ren["token_source"] == "rendered"
+        tokens = calls[rec["id"]].pop(0)
+        assert rec["input_ids"] == tokens.prompt_ids + tokens.completion_ids
+        assert rec["assistant_masks"] == [0] * len(tokens.prompt_ids) + [1] * len(tokens.completion_ids)
+        position = first_difference(rec["input_ids"], ren["input_ids"])
+        assert rec["drift_at"] == ren["drift_at"] == position
+        differ += [position] if position is not None else []
+    # The fake server's ids are not the tiny tokenizer's: every row's render departs from what the model saw.
+    assert len(differ) == len(recorded)
+    for out in ("rec", "ren"):
+        card = json.loads((tmp_path / out / "card.json").read_text())
+        truth = card["token_truth"]
+        assert truth["compared"] == len(recorded) and truth["differ"] == len(differ)
+        assert truth["first_difference"]["min"] == min(differ) and truth["first_difference"]["max"] == max(differ)
+        readme = (tmp_path / out / "README.md").read_text()
+        assert f"**{len(differ)} of {len(recorded)} rows** render to other tokens" in readme
+    # The rendered rows are the template's tokens.
+    tok = ChatTokenizer.load(tokenizer)
+    assert tok.tokenizer.decode(rendered[0]["input_ids"]).startswith("<|im_start|>system")
+
+
+def test_tokens_is_refused_outside_tokenized_and_rl_needs_recorded_ids(generated, tmp_path):
+    data, _, _ = generated
+    result = CliRunner().invoke(app, ["export", str(data), "--output", str(tmp_path / "x"), "--format", "trl-sft",
+                                      "--tokens", "rendered"])
+    assert result.exit_code != 0 and "--tokens applies to --format tokenized only" in result.output
