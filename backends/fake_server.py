@@ -106,8 +106,9 @@ class FakeServerConfig:
     prompt_logprob: float | Callable[[dict[str, Any]], float] | None = -1.0
     # vLLM's `return_token_ids` (and `logprobs`): scripted ids of word-and-space pieces (`_chat_pieces`: a prompt
     # renders each earlier answer as it was generated, so a conversation's prompts extend each other as a real
-    # template's do), each piece's id `token_id(piece)`, the i-th completion token's logprob `completion_logprob(i)`.
-    token_id: Callable[[str], int] = field(default=lambda piece: zlib.crc32(piece.encode()) % 49_152)
+    # template's do), each piece's ids `tokenize(piece)` (default: one id, a hash), the i-th completion token's
+    # logprob `completion_logprob(i)`. A real tokenizer's `tokenize` gives ids that decode to the text.
+    tokenize: Callable[[str], list[int]] = field(default=lambda piece: [zlib.crc32(piece.encode()) % 49_152])
     completion_logprob: Callable[[int], float] = field(default=lambda i: -((i % 8) + 1) / 16)
 
 
@@ -263,13 +264,14 @@ class FakeServer:
             value = cfg.prompt_logprob(body) if callable(cfg.prompt_logprob) else cfg.prompt_logprob
             payload["prompt_logprobs"] = prompt_logprobs(messages, float(value))
         if body.get("return_token_ids"):
-            payload["prompt_token_ids"] = entry["prompt_token_ids"] = [cfg.token_id(p) for p in _chat_pieces(messages)]
+            payload["prompt_token_ids"] = entry["prompt_token_ids"] = [
+                i for p in _chat_pieces(messages) for i in cfg.tokenize(p)]
             for c in choices:
                 pieces = [*re.findall(r"\S+|\s+", _answer_text(c["message"])), "<|im_end|>"]
-                c["token_ids"] = [cfg.token_id(p) for p in pieces]
+                c["token_ids"] = [i for p in pieces for i in cfg.tokenize(p)]
                 if body.get("logprobs"):
-                    c["logprobs"] = {"content": [{"token": p, "logprob": cfg.completion_logprob(i), "bytes": None,
-                                                  "top_logprobs": []} for i, p in enumerate(pieces)]}
+                    c["logprobs"] = {"content": [{"token": str(t), "logprob": cfg.completion_logprob(i), "bytes": None,
+                                                  "top_logprobs": []} for i, t in enumerate(c["token_ids"])]}
             entry["token_ids"] = [c["token_ids"] for c in choices]
         if entry["outcome"] == "pending":
             entry["outcome"] = "truncated" if truncated else "ok"

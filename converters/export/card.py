@@ -121,6 +121,7 @@ def _token_truth(truth: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     firsts = sorted(truth["first_difference"])
     return {"choice": truth["choice"], "rows": dict(truth["rows"]), "compared": truth["compared"],
+            "foreign": truth["foreign"],
             "recorded_by": dict(truth["recorded_by"].most_common()),
             "differ": truth["differ"],
             "first_difference": {"min": firsts[0], "median": firsts[len(firsts) // 2], "max": firsts[-1]}
@@ -260,11 +261,14 @@ def token_truth_section(truth: dict[str, Any] | None) -> list[str]:
     rows, first = truth["rows"], truth.get("first_difference")
     out = ["## Token truth", "",
            f"Rows holding the token ids their model call recorded: {rows.get('recorded', 0):,}; rows rendered with "
-           f"the chat template: {rows.get('rendered', 0):,} (`--tokens {truth['choice']}`). The {truth['compared']:,} "
-           "rows of model calls that recorded their ids were compared with a fresh render of their request and answer "
-           "with the chosen template."
+           f"the chat template: {rows.get('rendered', 0):,} (`--tokens {truth['choice']}`)."
+           + (f" The {truth['compared']:,} rows of model calls that recorded this tokenizer's ids were compared with a "
+              "fresh render of their request and answer with the chosen template." if truth["compared"] else "")
            + (" Recorded by: " + ", ".join(f"`{name}` ({n:,} rows)" for name, n in truth["recorded_by"].items()) + "."
               if truth.get("recorded_by") else ""), ""]
+    if truth.get("foreign"):
+        out += [f"**{truth['foreign']:,} rows** recorded ids of another tokenizer (decoded with this one, their prompt "
+                "does not hold the request's text): those rows are rendered with this tokenizer instead.", ""]
     if not truth["differ"]:
         return out + (["No row's render departs from the recorded ids.", ""] if truth["compared"] else [])
     out += [f"**{truth['differ']:,} of {truth['compared']:,} rows** render to other tokens than the model was fed and produced; the first "

@@ -481,8 +481,8 @@ def _tokenized_notes(report: ExportReport, fmt: Format, rows: list[dict[str, Any
                 report.notes[DROPPED_TURNS] += row["dropped_turns"]
             truth["rows"][row["token_source"]] += 1
             if "_recorded_by" in row:
-                truth["compared"] += 1
                 truth["recorded_by"][row["_recorded_by"]] += 1
+                truth["foreign" if "_foreign" in row else "compared"] += 1
             if "_drift" in row:
                 truth["differ"] += 1
                 truth["first_difference"].append(row["drift_at"])
@@ -543,7 +543,7 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
     if opts.tokenizer is not None:
         report.tokenizer = {"path": opts.tokenizer.name, "method": opts.tokenizer.method,
                             "max_length": opts.tokenizer.max_length}
-        report.token_truth = {"choice": opts.tokens, "rows": Counter(), "compared": 0, "recorded_by": Counter(),
+        report.token_truth = {"choice": opts.tokens, "rows": Counter(), "compared": 0, "foreign": 0, "recorded_by": Counter(),
                               "differ": 0, "first_difference": [],
                               "examples": []}
     if total is not None:

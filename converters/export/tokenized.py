@@ -45,7 +45,7 @@ from converters.export.options import FormatOptions
 from converters.export.records import Record
 from converters.export.render import Unrenderable
 from converters.export.templates import row_problem
-from converters.export.tokens import drift, first_difference, message_tokens
+from converters.export.tokens import drift, first_difference, message_tokens, same_vocabulary
 
 _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -210,11 +210,16 @@ def request_rows(record: Record, opts: FormatOptions, tok: ChatTokenizer) -> lis
         enc = tok.encode(messages, trainable, tools)
         row = {"id": record.id, "source": record.source, "input_ids": enc.input_ids, "assistant_masks": enc.mask,
                "dropped_turns": 0, "token_source": "rendered", "drift_at": None}
-        if (recorded := message_tokens(record, sent.steps(k))) is not None:
-            ids = recorded["prompt_ids"] + recorded["completion_ids"]
+        recorded = message_tokens(record, sent.steps(k))
+        if recorded is not None:
             template = recorded["chat_template"]
             row["_recorded_by"] = f"{recorded['tokenizer']}, " + (f"chat template {template}" if template else
                                                                   "the server's chat template")
+            if not same_vocabulary(tok.tokenizer, recorded["prompt_ids"], messages[:-1]):
+                row["_foreign"] = True
+                recorded = None
+        if recorded is not None:
+            ids = recorded["prompt_ids"] + recorded["completion_ids"]
             row["drift_at"] = first_difference(ids, enc.input_ids)
             if row["drift_at"] is not None:
                 row["_drift"] = drift(record.id, sent.first_step(k), row["drift_at"], ids, enc.input_ids,

@@ -8,7 +8,8 @@ wrote it). Where a backend recorded the ids (`llm.token_ids`), exports train tho
   recorded `prompt_ids + completion_ids`, loss on the completion (`--tokens recorded`, the default), or
   the chosen template's render (`--tokens rendered`). Either way the row is compared with a fresh render,
   and the card counts the rows whose render differs from the recorded ids, with the position of the first
-  difference.
+  difference. Ids of another tokenizer than the export's (`same_vocabulary`) are never used: such rows
+  are rendered and counted apart.
 - `rl`: per trajectory, the model's turns as an RL trainer's rollout holds them (`rl_rows`).
 """
 
@@ -34,6 +35,18 @@ def message_tokens(record: Record, steps: range) -> dict[str, Any] | None:
         if (tokens := record.tokens(j)) is not None:
             return tokens
     return None
+
+
+def same_vocabulary(tokenizer: Any, prompt_ids: list[int], messages: list[dict[str, Any]]) -> bool:
+    """Whether recorded prompt ids are ids of `tokenizer`: decoded with it, they hold every system, user and tool
+    message's text verbatim, as any chat template renders it. Another model's ids (a teacher's, a served model's
+    other tokenizer) decode to other text: training on them would teach nonsense."""
+    try:
+        text = tokenizer.decode(prompt_ids, clean_up_tokenization_spaces=False)
+    except (IndexError, OverflowError, TypeError, ValueError):
+        return False
+    return all(m["content"] in text for m in messages
+               if m["role"] in ("system", "user", "tool") and isinstance(m.get("content"), str) and m["content"])
 
 
 def first_difference(recorded: list[int], rendered: list[int]) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -26,22 +27,39 @@ def _logprobs(n: int) -> list[float]:
     return [-((k % 8) + 1) / 16 for k in range(n)]
 
 
-@pytest.fixture(scope="module")
-def generated(tmp_path_factory):
+def _generate(tmp: Path, **server: Any) -> tuple[Path, list[dict], list]:
     """Rollouts of 3 retail tasks (solved; failed; one unreadable answer then solved), and the server's log."""
-    tmp = tmp_path_factory.mktemp("token-truth")
     tasks = _retail_tasks(3)
-    with FakeServer(rules=[Rule(fn=RetailScript(tasks))]) as server:
+    with FakeServer(rules=[Rule(fn=RetailScript(tasks))], **server) as fake:
         config = {"method": "rollout", "env": "retail", "env_config": {"seed": 0}, "tasks": {"n": 3}, "max_steps": 6,
                   "max_parse_failures": 2, "concurrency": 1, "unit_tasks": 3,
-                  "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+                  "llm": {"backend": "openai", "base_url": fake.base_url, "model": "fake-model", "api_key_env": None,
                           "max_retries": 0}}
         (tmp / "c.yaml").write_text(yaml.safe_dump(config))
         result = CliRunner().invoke(app, ["generate", "--method", "rollout", "--config", str(tmp / "c.yaml"),
                                           "--output", str(tmp / "data")])
-        log = [e for e in server.log if "token_ids" in e]
+        log = [e for e in fake.log if "token_ids" in e]
     assert result.exit_code == 0, result.output
     return tmp / "data", log, tasks
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """Rollouts whose ids are the fake server's own (one hashed id per word or whitespace run)."""
+    return _generate(tmp_path_factory.mktemp("token-truth"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> str:
+    return str(_tiny.shared_model_dir(tmp_path_factory))
+
+
+@pytest.fixture(scope="module")
+def generated_tiny(tmp_path_factory, tokenizer):
+    """Rollouts whose ids are the tiny tokenizer's: the fake server tokenizes each of its pieces with it."""
+    tok = ChatTokenizer.load(tokenizer).tokenizer
+    return _generate(tmp_path_factory.mktemp("token-truth-tiny"),
+                     tokenize=lambda piece: tok(piece, add_special_tokens=False)["input_ids"])
 
 
 def _export(data: Path, out: Path, *args: str) -> list[dict]:
@@ -104,40 +122,50 @@ def test_rl_rows_mask_exactly_the_model_tokens_of_multi_turn_rollouts(generated,
     assert "`response_ids`" in readme and "`rollout_logprobs`" in readme
 
 
-def test_tokenized_takes_the_recorded_ids_or_the_render_and_counts_where_they_differ(generated, tmp_path_factory,
+def test_tokenized_takes_the_recorded_ids_or_the_render_and_counts_where_they_differ(generated_tiny, tokenizer,
                                                                                       tmp_path):
-    data, _, _ = generated
-    tokenizer = str(_tiny.shared_model_dir(tmp_path_factory))
+    data, _, _ = generated_tiny
     recorded = _export(data, tmp_path / "rec", "--format", "tokenized", "--tokenizer", tokenizer)
     rendered = _export(data, tmp_path / "ren", "--format", "tokenized", "--tokenizer", tokenizer,
                        "--tokens", "rendered")
     assert len(recorded) == len(rendered) > 4
-    calls = {}
+    calls: dict[str, list] = {}
     for t in Dataset.open(data).iter_records():
         for s in t.steps:
             if s.usage is not None and s.train:
                 calls.setdefault(t.id, []).append(s.usage.tokens)
+    tok = ChatTokenizer.load(tokenizer).tokenizer
     differ = []
     for rec, ren in zip(recorded, rendered):
         assert rec["id"] == ren["id"] and rec["token_source"] == "recorded" and ren["token_source"] == "rendered"
         tokens = calls[rec["id"]].pop(0)
         assert rec["input_ids"] == tokens.prompt_ids + tokens.completion_ids
         assert rec["assistant_masks"] == [0] * len(tokens.prompt_ids) + [1] * len(tokens.completion_ids)
+        assert tok.decode(tokens.prompt_ids).startswith("<|im_start|>system\n")
         position = first_difference(rec["input_ids"], ren["input_ids"])
         assert rec["drift_at"] == ren["drift_at"] == position
         differ += [position] if position is not None else []
-    # The fake server's ids are not the tiny tokenizer's: every row's render departs from what the model saw.
-    assert len(differ) == len(recorded)
+    # The fake server tokenizes word by word: where the template's whole-text tokenization merges a space into the
+    # next word, the render departs from what the model was fed.
+    assert differ
     for out in ("rec", "ren"):
-        card = json.loads((tmp_path / out / "card.json").read_text())
-        truth = card["token_truth"]
-        assert truth["compared"] == len(recorded) and truth["differ"] == len(differ)
+        truth = json.loads((tmp_path / out / "card.json").read_text())["token_truth"]
+        assert truth["compared"] == len(recorded) and truth["differ"] == len(differ) and truth["foreign"] == 0
         assert truth["first_difference"]["min"] == min(differ) and truth["first_difference"]["max"] == max(differ)
+        assert truth["recorded_by"] == {"fake-model, the server's chat template": len(recorded)}
         readme = (tmp_path / out / "README.md").read_text()
         assert f"**{len(differ)} of {len(recorded)} rows** render to other tokens" in readme
-    # The rendered rows are the template's tokens.
-    tok = ChatTokenizer.load(tokenizer)
-    assert tok.tokenizer.decode(rendered[0]["input_ids"]).startswith("<|im_start|>system")
+
+
+def test_tokenized_never_takes_ids_of_another_tokenizer(generated, tokenizer, tmp_path):
+    data, _, _ = generated  # the fake server's hashed ids: not the tiny tokenizer's
+    rows = _export(data, tmp_path / "x", "--format", "tokenized", "--tokenizer", tokenizer)
+    tok = ChatTokenizer.load(tokenizer).tokenizer
+    assert rows and all(r["token_source"] == "rendered" and r["drift_at"] is None for r in rows)
+    assert all(tok.decode(r["input_ids"]).startswith("<|im_start|>system") for r in rows)
+    truth = json.loads((tmp_path / "x" / "card.json").read_text())["token_truth"]
+    assert truth["foreign"] == len(rows) and truth["compared"] == 0 and truth["rows"] == {"rendered": len(rows)}
+    assert f"**{len(rows)} rows** recorded ids of another tokenizer" in (tmp_path / "x" / "README.md").read_text()
 
 
 def test_tokens_is_refused_outside_tokenized_and_rl_needs_recorded_ids(generated, tmp_path):
