@@ -210,7 +210,8 @@ def request_rows(record: Record, opts: FormatOptions, tok: ChatTokenizer) -> lis
         enc = tok.encode(messages, trainable, tools)
         row = {"id": record.id, "source": record.source, "input_ids": enc.input_ids, "assistant_masks": enc.mask,
                "dropped_turns": 0, "token_source": "rendered", "drift_at": None}
-        recorded = message_tokens(record, sent.steps(k))
+        # A rewritten step's ids are of another request than the record's (or another writer's): never used.
+        recorded = None if set(sent.steps(k)) & record.rewritten() else message_tokens(record, sent.steps(k))
         if recorded is not None:
             template = recorded["chat_template"]
             row["_recorded_by"] = f"{recorded['tokenizer']}, " + (f"chat template {template}" if template else

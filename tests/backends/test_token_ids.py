@@ -105,3 +105,23 @@ def test_the_transformers_backend_records_what_generate_produced(model_path):
     assert t.logprobs == pytest.approx(expected, abs=1e-4)
     assert all(lp <= 0 for lp in t.logprobs)
     assert tokenizer.decode(t.completion_ids) == c.text
+
+
+def test_shards_written_before_the_field_read_with_no_tokens():
+    from converters.export.records import Batch
+    from schemas.arrow import USAGE_TYPE, as_current, readable_as
+
+    old_usage = pa.struct([f for f in USAGE_TYPE if f.name != "tokens"])
+    step_type = TRAJECTORY_SCHEMA.field("steps").type.value_type
+    old_step = pa.struct([f.with_type(old_usage) if f.name == "usage" else f for f in step_type])
+    i = TRAJECTORY_SCHEMA.get_field_index("steps")
+    old_schema = TRAJECTORY_SCHEMA.set(i, TRAJECTORY_SCHEMA.field("steps").with_type(pa.list_(old_step)))
+    t = Trajectory(id="t1", source="s", steps=[MessageAction(content="hi", usage=Usage(model="m", prompt_tokens=3))])
+    row = trajectory_to_row(t)
+    for step in row["steps"]:
+        step["usage"].pop("tokens")
+    old = pa.Table.from_pylist([row], schema=old_schema)
+    assert readable_as(old.schema.field("steps").type, TRAJECTORY_SCHEMA.field("steps").type)
+    assert Batch(old.to_batches()[0]).step_tokens is None  # the export reads old shards as they are
+    back = trajectory_from_row(as_current(old, TRAJECTORY_SCHEMA).to_pylist()[0])
+    assert back == t and back.steps[0].usage.tokens is None

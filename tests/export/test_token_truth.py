@@ -19,7 +19,7 @@ from converters.export.tokenized import ChatTokenizer
 from converters.export.tokens import first_difference
 from flows.cli import app
 from schemas.store import Dataset
-from tests.export import _tiny
+from tests.export import _data, _tiny
 from tests.generators.test_rollout import RetailScript, _retail_tasks
 
 
@@ -173,3 +173,20 @@ def test_tokens_is_refused_outside_tokenized_and_rl_needs_recorded_ids(generated
     result = CliRunner().invoke(app, ["export", str(data), "--output", str(tmp_path / "x"), "--format", "trl-sft",
                                       "--tokens", "rendered"])
     assert result.exit_code != 0 and "--tokens applies to --format tokenized only" in result.output
+
+
+def test_a_rewritten_step_is_rendered_never_trained_on_its_old_ids(generated_tiny, tokenizer, tmp_path):
+    data, _, _ = generated_tiny
+    records = list(Dataset.open(data).iter_records())
+    t = next(r for r in records if r.success)
+    model_steps = [j for j, s in enumerate(t.steps) if s.usage is not None]
+    t.details["rewrites"] = [{"steps": [model_steps[-1]], "kind": "context", "reason": "relabelled instruction"}]
+    _data.store(tmp_path / "src", [t])
+    rows = _export(tmp_path / "src", tmp_path / "out", "--format", "tokenized", "--tokenizer", tokenizer)
+    rows_rl = _export(tmp_path / "src", tmp_path / "rl", "--format", "rl")
+    # Every trained call but the rewritten one holds its recorded ids.
+    assert [r["token_source"] for r in rows] == ["recorded"] * (len(rows) - 1) + ["rendered"]
+    # In the rollout its tokens are context: the mask leaves them out.
+    [row] = rows_rl
+    last = t.steps[model_steps[-1]].usage.tokens.completion_ids
+    assert row["completion_ids"][-len(last):] == last and set(row["completion_mask"][-len(last):]) == {0}
