@@ -61,7 +61,7 @@ class LlamaCppLLM(LLM):
             verbose=False,
         )
         self._lock = threading.Lock()
-        self._record = TokenRecorder(self._llama)
+        self._record = TokenRecorder(self._llama) if config.token_ids != "off" else None
         template = self._llama.metadata.get("tokenizer.chat_template")
         self._template_hash = template_hash(template) if template else None
         # Scoring needs the logits of every prompt position (logits_all), which slows generation and
@@ -85,9 +85,10 @@ class LlamaCppLLM(LLM):
             if i and "seed" in kwargs:
                 kwargs["seed"] = request.params["seed"] + i  # same seed would repeat sample 0
             with self._lock:
-                self._record.start()
+                if self._record is not None:
+                    self._record.start()
                 resp = self._llama.create_chat_completion(messages=messages, **kwargs)
-                tokens = self._record.tokens()
+                tokens = self._record.tokens() if self._record is not None else None
             choice = resp["choices"][0]
             usage = resp.get("usage") or {}
             u = Usage(usage.get("prompt_tokens", 0) if i == 0 else 0, usage.get("completion_tokens", 0))

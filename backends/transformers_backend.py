@@ -198,6 +198,7 @@ class TransformersLLM(LLM):
         else:
             kwargs.update(top_p=None, top_k=None, temperature=None)
         device = self.model.device
+        record = self.config.token_ids != "off"  # the logits of every generated token cost memory: kept only then
         one = not (sample and request.n > 1)  # one sequence: the prompt's cache can be kept for the next request
         with self._lock, torch.inference_mode():
             if sample and params.get("seed") is not None:
@@ -205,13 +206,13 @@ class TransformersLLM(LLM):
             cache = self._prefix.reuse(ids) if one else None
             out = self.model.generate(input_ids=torch.tensor([ids], device=device),
                                       attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                                      cache=cache, return_dict_in_generate=True, output_logits=True, **kwargs)
+                                      cache=cache, return_dict_in_generate=True, output_logits=record, **kwargs)
             if one:
                 self._prefix.keep(ids, _generated_cache(out))
         rows = out.sequences[:, len(ids):].tolist()
         # The model's own log-probabilities (raw logits: before temperature and top-p) of what it generated.
         logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1).gather(
-            2, out.sequences[:, len(ids):, None]).squeeze(2).tolist()
+            2, out.sequences[:, len(ids):, None]).squeeze(2).tolist() if record else [None] * len(rows)
         if not sample:
             rows, logprobs = rows * request.n, logprobs * request.n  # greedy: every sample is the same answer
         completions = []
@@ -221,7 +222,7 @@ class TransformersLLM(LLM):
             ended = end is not None
             # The token truth keeps the end token: the model produced it, and a trainer teaches it to stop there.
             produced = len(row) if end is None else end + 1
-            tokens = TokenIds(list(ids), row[:produced], row_logprobs[:produced])
+            tokens = TokenIds(list(ids), row[:produced], row_logprobs[:produced]) if record else None
             row = row[:end]
             text = self.tokenizer.decode(row, skip_special_tokens=True)
             text, stopped = _cut_at_stop(text, params.get("stop"))

@@ -125,3 +125,14 @@ def test_shards_written_before_the_field_read_with_no_tokens():
     assert Batch(old.to_batches()[0]).step_tokens is None  # the export reads old shards as they are
     back = trajectory_from_row(as_current(old, TRAJECTORY_SCHEMA).to_pylist()[0])
     assert back == t and back.steps[0].usage.tokens is None
+
+
+def test_off_keeps_no_tokens_in_the_transformers_backend(model_path):
+    async def go():
+        async with make_llm({"backend": "transformers", "model_path": model_path, "max_tokens": 3,
+                             "token_ids": "off", "max_retries": 0}) as llm:
+            [c] = await llm.chat(ASK)
+            return c, llm.step_usage(c)
+
+    c, u = asyncio.run(go())
+    assert c.tokens is None and u.tokens is None and u.completion_tokens == 3
