@@ -15,9 +15,13 @@ import yaml
 from typer.testing import CliRunner
 
 from backends.fake_server import FakeServer, Rule
+from converters.export.options import FormatOptions
+from converters.export.records import Record
+from converters.export.render import Unrenderable
 from converters.export.tokenized import ChatTokenizer
-from converters.export.tokens import first_difference
+from converters.export.tokens import first_difference, rl_rows
 from flows.cli import app
+from schemas.models import ApiAction, MessageAction, TextObservation, Tokens, Trajectory, Usage
 from schemas.store import Dataset
 from tests.export import _data, _tiny
 from tests.generators.test_rollout import RetailScript, _retail_tasks
@@ -190,3 +194,30 @@ def test_a_rewritten_step_is_rendered_never_trained_on_its_old_ids(generated_tin
     [row] = rows_rl
     last = t.steps[model_steps[-1]].usage.tokens.completion_ids
     assert row["completion_ids"][-len(last):] == last and set(row["completion_mask"][-len(last):]) == {0}
+
+
+def _call(prompt: list[int], completion: list[int], logprobs: list[float] | None = None) -> Usage:
+    return Usage(model="m", tokens=Tokens(prompt_ids=prompt, completion_ids=completion, logprobs=logprobs,
+                                          tokenizer="tok"))
+
+
+def test_a_prompt_that_does_not_extend_the_history_starts_a_row_and_missing_logprobs_are_null():
+    t = Trajectory(id="t", source="s", reward=0.5, steps=[
+        TextObservation(content="task", source="user"),
+        ApiAction(function="f", usage=_call([1, 2], [3, 4], [-0.5, -0.25]), reward=1.0),
+        TextObservation(content="result", source="environment"),
+        # Extends [1, 2, 3, 4]: one row, the tool result's tokens 7 8 between, mask 0.
+        ApiAction(function="g", usage=_call([1, 2, 3, 4, 7, 8], [9], [-1.0])),
+        TextObservation(content="result", source="environment"),
+        # A history window dropped the first turn: a new row.
+        MessageAction(content="done", usage=_call([1, 7, 8, 9, 5], [6], None)),
+    ])
+    first, second = rl_rows(Record.of(t), FormatOptions())
+    assert first["steps"] == [1, 3] and first["prompt_ids"] == [1, 2]
+    assert first["completion_ids"] == [3, 4, 7, 8, 9] and first["completion_mask"] == [1, 1, 0, 0, 1]
+    assert first["completion_logprobs"] == [-0.5, -0.25, 0.0, 0.0, -1.0]
+    assert first["step_rewards"] == [1.0, None] and first["reward"] == 0.5 and first["tokenizer"] == "tok"
+    assert second["segment"] == 1 and second["prompt_ids"] == [1, 7, 8, 9, 5] and second["completion_ids"] == [6]
+    assert second["completion_mask"] == [1] and second["completion_logprobs"] is None
+    with pytest.raises(Unrenderable, match="no recorded token ids"):
+        rl_rows(Record.of(Trajectory(id="u", source="s", steps=[MessageAction(content="hi")])), FormatOptions())
