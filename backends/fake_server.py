@@ -390,7 +390,8 @@ def _arguments(call: dict[str, Any]) -> Any:
 
 
 def prompt_logprobs(messages: list[dict[str, Any]], logprob: float) -> list[dict[str, dict[str, Any]] | None]:
-    """vLLM-shaped prompt logprobs of the fake tokens of `_prompt_pieces`; the first token has none, every other `logprob`."""
+    """vLLM-shaped prompt logprobs of the fake tokens of `_prompt_pieces`; the first token has none, every other
+    `logprob`."""
     return [None if i == 0 else {str(i): {"logprob": logprob, "rank": 1, "decoded_token": p}}
             for i, p in enumerate(_prompt_pieces(messages))]
 

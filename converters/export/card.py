@@ -271,7 +271,8 @@ def token_truth_section(truth: dict[str, Any] | None) -> list[str]:
                 "does not hold the request's text): those rows are rendered with this tokenizer instead.", ""]
     if not truth["differ"]:
         return out + (["No row's render departs from the recorded ids.", ""] if truth["compared"] else [])
-    out += [f"**{truth['differ']:,} of {truth['compared']:,} rows** render to other tokens than the model was fed and produced; the first "
+    out += [f"**{truth['differ']:,} of {truth['compared']:,} rows** render to other tokens than the model was fed "
+            "and produced; the first "
             f"difference is at token {first['min']:,} to {first['max']:,} (median {first['median']:,}). Training "
             "on the render trains tokens the model did not see or write there"
             + (" (these rows hold the recorded ids)." if truth["choice"] == "recorded" else "."), "",

@@ -57,11 +57,13 @@ def test_off_asks_nothing_and_auto_asks_no_server_that_does_not_say_it_is_vllm(f
     [c], [u] = _ask(client_config(hosted))
     assert "return_token_ids" not in hosted.log[-1]["body"] and u.tokens is None
     [c], [u] = _ask(client_config(hosted, token_ids="on"))
-    assert hosted.log[-1]["body"]["return_token_ids"] is True and u.tokens.completion_ids == hosted.log[-1]["token_ids"][0]
+    assert hosted.log[-1]["body"]["return_token_ids"] is True
+    assert u.tokens.completion_ids == hosted.log[-1]["token_ids"][0]
 
 
 def test_tokens_round_trip_through_arrow_as_int_and_float_lists():
-    tokens = Tokens(prompt_ids=[1, 2, 3], completion_ids=[7, 8], logprobs=[-0.1, -2.5], tokenizer="t", chat_template="ab")
+    tokens = Tokens(prompt_ids=[1, 2, 3], completion_ids=[7, 8], logprobs=[-0.1, -2.5], tokenizer="t",
+                    chat_template="ab")
     t = Trajectory(id="t1", source="s", steps=[MessageAction(content="hi", usage=Usage(model="m", tokens=tokens))])
     table = pa.Table.from_pylist([trajectory_to_row(t)], schema=TRAJECTORY_SCHEMA)
     usage_type = TRAJECTORY_SCHEMA.field("steps").type.value_type.field("usage").type
