@@ -166,7 +166,8 @@ class OpenAILLM(LLM):
 
     async def _asks_token_ids(self, server: _Server) -> bool:
         """Whether requests to `server` ask for token ids: `llm.token_ids` on/off, or under "auto" whether the
-        server says it is vLLM (its /models `owned_by`), asked once: a hosted API may refuse unknown fields."""
+        server says it is vLLM (its /models `owned_by`), asked once it answers: a hosted API may refuse unknown
+        fields. The question takes at most half the request's timeout; an unreachable server is asked again."""
         if server.token_ids is None:
             mode = self.config.token_ids
             if mode != "auto":
@@ -174,9 +175,13 @@ class OpenAILLM(LLM):
             else:
                 async with server.probing:
                     if server.token_ids is None:
-                        server.token_ids = await asyncio.to_thread(serves_token_ids, server.base_url, server.key)
+                        known = await asyncio.to_thread(serves_token_ids, server.base_url, server.key,
+                                                        min(10.0, self.config.request_timeout_s / 2))
+                        if known is None:
+                            return False
+                        server.token_ids = known
                         log.info("%s %s token ids", self.redact(server.base_url),
-                                 "is a vLLM server: asked for" if server.token_ids else "does not say it is vLLM: no")
+                                 "is a vLLM server: asked for" if known else "does not say it is vLLM: no")
         return server.token_ids
 
     async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
@@ -271,9 +276,10 @@ class OpenAILLM(LLM):
             await server.close()
 
 
-def serves_token_ids(base: str, key: str | None, timeout_s: float = 10.0) -> bool:
+def serves_token_ids(base: str, key: str | None, timeout_s: float = 10.0) -> bool | None:
     """Whether the server at `base` lists a model `owned_by` vLLM on `GET /models` (vLLM answers
-    `return_token_ids`); any failure to ask counts as no."""
+    `return_token_ids`); None when it cannot be reached (asked again later), False for any other answer."""
+    import urllib.error
     import urllib.request
 
     request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
@@ -281,7 +287,11 @@ def serves_token_ids(base: str, key: str | None, timeout_s: float = 10.0) -> boo
     try:
         with opener.open(request, timeout=timeout_s) as resp:
             models = orjson.loads(resp.read()).get("data") or []
-    except (OSError, ValueError, AttributeError):
+    except urllib.error.HTTPError:
+        return False
+    except OSError:  # refused, unknown host, timed out: the endpoint is down, not known to be something else
+        return None
+    except (ValueError, AttributeError):
         return False
     return any(isinstance(m, dict) and m.get("owned_by") == "vllm" for m in models)
 

@@ -138,3 +138,17 @@ def test_off_keeps_no_tokens_in_the_transformers_backend(model_path):
 
     c, u = asyncio.run(go())
     assert c.tokens is None and u.tokens is None and u.completion_tokens == 3
+
+
+def test_the_vllm_probe_tells_a_server_that_is_down_from_one_that_is_not_vllm(fake_server, client_config):
+    import socket
+
+    from backends.openai_backend import serves_token_ids
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    assert serves_token_ids(dead, None, 2.0) is None  # unknown: asked again, never remembered as "no"
+    srv = fake_server()
+    assert serves_token_ids(srv.base_url, None) is True
+    assert serves_token_ids(fake_server(owned_by="openai").base_url, None) is False
