@@ -99,6 +99,15 @@ class Record:
         """Field `kind`, `label`, `train` (None: the default, true) or `source` of step j."""
         return self.batch.step_values(field)[int(self.batch.offsets[self.index]) + j]
 
+    def tokens(self, j: int) -> dict[str, Any] | None:
+        """The token truth of the model call that made step j (`usage.tokens`: ids, logprobs, tokenizer), or None."""
+        column = self.batch.step_tokens
+        return None if column is None else column[int(self.batch.offsets[self.index]) + j].as_py()
+
+    @property
+    def reward(self) -> float | None:
+        return self.batch.py("reward")[self.index]
+
     def has_masked_assistant_step(self) -> bool:
         """Whether a step that renders as an assistant message is loss-masked (`train = false`)."""
         return bool(self.batch.masked_assistant[self.index])
@@ -171,6 +180,16 @@ class Batch:
         assistant = pc.or_(pc.is_in(kinds, pa.array(sorted(ACTION_KINDS))), pc.fill_null(agent, False))
         masked = pc.and_(pc.invert(pc.fill_null(self.values.field("train"), True)), assistant)
         return np.bincount(self.owner[masked.to_numpy(zero_copy_only=False)], minlength=len(self)) > 0
+
+    @cached_property
+    def step_tokens(self) -> pa.Array | None:
+        """Per step, its model call's `usage.tokens` (null where none); None when the batch has none at all
+        (shards written before the field existed, or by a backend that gave no ids)."""
+        usage = self.values.type.get_field_index("usage")
+        if usage < 0 or self.values.type.field(usage).type.get_field_index("tokens") < 0:
+            return None
+        column = pc.struct_field(self.values, ["usage", "tokens"])
+        return column if column.null_count < len(column) else None
 
     @cached_property
     def _details(self) -> list[dict[str, Any] | None]:
