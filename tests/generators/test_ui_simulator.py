@@ -37,8 +37,8 @@ def _first_user(body: dict) -> str:
 
 
 def _attempt(body: dict) -> int:
-    found = re.search(r"\(Attempt (\d+)\.\)", body["messages"][0]["content"])
-    return int(found.group(1)) if found else 1
+    """Attempt k is the agent's draw k - 1: its own sampling seed (the run's seed is 0)."""
+    return int(body.get("seed") or 0) + 1
 
 
 def _agent(body: dict):
@@ -88,7 +88,7 @@ def script(body: dict):
 
 def _config(base_url: str, **extra) -> dict:
     return {
-        "method": "ui_simulator", "env": "simulated",
+        "method": "ui_simulator", "loop": "propose", "env": "simulated",
         "env_config": {"mode": "web", "policy": "A small web shop that sells mugs."},
         "rounds": 2, "tasks_per_round": 3, "walk_steps": 1, "attempts": 4, "max_failures": 2, "max_steps": 4,
         "grow": True, "band_low": 0.25, "band_high": 0.75, "variants_per_task": 2, "grow_rounds": 1,
@@ -125,6 +125,8 @@ def test_ui_simulator_propose_rollout_judge_rewrite_grow_by_success_rate(tmp_pat
     for t in kept.values():
         assert t.success is True and t.reward == 1.0 and t.source == "ui_simulator"
         assert t.steps[0].name == "system" and t.steps[1].source == "user"
+        # Attempts are distinct draws (their own seeds); nothing in the prompt exports train on names the attempt.
+        assert "Attempt" not in t.steps[0].content and t.details["loop"] in ("propose", "grow")
         assert t.steps[1].content == f"Rewritten: {t.details['original_instruction']}"
         assert t.details["rewritten_instruction"] == t.steps[1].content
         # Each action's thought was rewritten for the new instruction (the agent's own kept), and the record says
