@@ -11,7 +11,8 @@ own logic, not only its plumbing:
   reference actions;
 - self_challenging: the challenger writes under the retail policy; its task is checked and the agent's rollout
   scored by its verifier;
-- simia_sft: failed episodes are no seeds; a seed keeps its own policy;
+- simia_sft: failed episodes are no seeds; a seed keeps its own policy; its shipped chain (seeds from
+  demonstrations) yields data, broken simulated users excluded and counted;
 - ui_simulator (the paper's loop, as shipped): the teacher explores the simulated shop (pages written from recorded
   real ones) under guides; the wrapped explorations are the rows, judged from the pages; its PAE-style option
   (loop: propose, MiniWoB in Chromium): attempts are judged and relabelled, their thoughts rewritten;
@@ -424,6 +425,32 @@ def test_simia_sft_uses_no_failed_episode_and_keeps_each_seeds_policy(runs: Runs
         assert seed.success is not False and t.details["policy_source"] == "seed"
         assert t.steps[0].content == seed.steps[0].content.strip()
     assert "seeds whose episode failed (not used)" in printed
+
+
+def test_simia_sfts_shipped_chain_yields_data_from_seeds_no_model_had_to_solve(runs: Runs, tmp_path: Path) -> None:
+    """The chain simia_sft.yaml's header gives, as shipped: its seeds come from a config whose episodes succeed
+    without the acting model (the embedded model solves nothing, and failed episodes are no seeds); a seed whose
+    simulated user broke the episode is not used either, and counted."""
+    header = (CONFIGS / "simia_sft.yaml").read_text()
+    (method, config, seeds_out), *_ = re.findall(r"trajforge generate --method (\w+) --config configs/(\S+) "
+                                                 r"--output (\S+)", header)
+    assert _shipped("simia_sft.yaml")["seeds"] == [seeds_out] and SHIPPED[method] == config
+    before = len(runs.bodies())
+    _, demos = runs.run(method, "-seeds")
+    assert runs.bodies()[before:] == []  # no model was asked anything: the seeds do not depend on it
+    seeds = list(Dataset.open(demos).iter_records())
+    assert seeds and all(t.success for t in seeds)
+    broken = seeds[0].model_copy(update={"id": f"{seeds[0].id}-broken-user", "details": {
+        **seeds[0].details, "user_fidelity": {"ok": False, "reason": "the user answered as the agent"}}})
+    spoiled = Dataset.create(tmp_path / "spoiled", stage="test")
+    with spoiled.unit("u-000") as unit:
+        unit.write("trajectories", broken)
+    printed, out = runs.run("simia_sft", "-chain", seeds=[str(demos), str(tmp_path / "spoiled")], samples_per_seed=1)
+    written = list(Dataset.open(out).iter_records())
+    assert written and {t.provenance.parent_ids[0] for t in written} == {t.id for t in seeds}
+    assert "seeds whose simulated user broke the" in printed  # the summary table (wrapped)
+    report = json.loads((out / "_manifest.json").read_text())["last_run"]["report"]
+    assert report["seeds whose simulated user broke the episode (not used)"] == 1
 
 
 def test_ui_simulator_trains_on_the_teachers_wrapped_exploration_of_the_simulated_site(runs: Runs) -> None:
