@@ -1,9 +1,16 @@
-"""UI-Simulator / UI-Simulator-Grow: propose web tasks from what the site shows, roll them out, judge, relabel, grow.
+"""UI-Simulator / UI-Simulator-Grow: the teacher explores a (simulated) site; its wrapped explorations are the data.
 
-One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in the browser
+One method task per round (`rounds`; id `round-NNNN`), on real pages in the browser
 (`env: browser`), in the `web` shop, or in the simulated web env (`env: simulated`,
 `env_config: {mode: web, policy: <site description>}`, optionally seeded with real pages:
-`real_states`):
+`real_states`). Two loops (`loop`, recorded in `details.loop`):
+
+- `wrap` (default, the paper's): step 1 with the teacher, then the **trajectory wrapper** (the
+  relabeller role) writes the task the exploration's steps accomplish, a thought per action and the
+  final answer (`{instruction, thoughts, answer}`); the record is the agent's system prompt, that
+  request, the pages and the teacher's actions with the written thoughts, then the answer, every
+  action declared written. With `judge_wrapped` the judge checks it from the pages (step 4).
+- `propose` (PAE-style): steps 1-6 below.
 
 1. **explore** — reset the env on a page to explore from (`start_urls` in turn; else the task
    source's tasks; else the env's generator) and take `walk_steps` exploring actions: the teacher
@@ -18,12 +25,13 @@ One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in
    agent's actions and proposes `tasks_per_round` tasks (structured: `{instruction,
    expected_outcome}`); no valid answer quarantines the round (stage "propose").
 3. **rollout** — the agent (`AgentPolicy`) attempts each task up to `attempts` times
-   (attempt k > 0 marks its prompt, so each is its own cache entry); a task is **dropped**
+   (attempt k is the agent's draw k: its own sampling seed and cache entry); a task is **dropped**
    after `max_failures` failed attempts (counted in `dropped_tasks` and per failure reason).
 4. **judge** — the judge model judges each attempt (structured `{reasoning, success}`) against the
-   instruction and the expected outcome, reading every step with the page it led to and, with
-   `judge.vision`, the pages' screenshots. Failed attempts are filtered by "completion" with the
-   reason ("unsuccessful: ...", "no verdict: ...", "max_parse_failures: ...") unless `keep_failed`.
+   instruction and the expected outcome, reading every action (not the agent's thoughts, unless
+   `judge.self_report`) with the page it led to and, with `judge.vision`, the pages' screenshots.
+   Failed attempts are filtered by "completion" with the reason ("unsuccessful: ...", "no verdict:
+   ...", "max_parse_failures: ...") unless `keep_failed`.
 5. **rewrite** — retrospective relabeling: the relabeller rewrites the instruction to match what
    the trajectory actually did and each action's thought to reason toward it (structured
    `{instruction, thoughts}`, one thought per action, as the paper's trajectory wrapper); the

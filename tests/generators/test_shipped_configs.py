@@ -107,9 +107,10 @@ def test_every_method_ships_a_real_environment_config_with_models_of_its_own_for
     assert entry["method"] == "mcts_splice" and _world(entry) == tau2 and entry["judge"]["llm"]["model"] == "judge"
 
 
-@pytest.mark.parametrize("name", ["mcts_splice.yaml", "tutorial_replay.yaml"])
+@pytest.mark.parametrize("name", ["mcts_splice.yaml", "tutorial_replay.yaml", "ui_simulator_eval.yaml"])
 def test_the_shipped_configs_worlds_pass_envs_check(name: str, tmp_path: Path) -> None:
-    """tau2's world (every tau2 config has the same, see above) and the two browser worlds, on their first task."""
+    """tau2's world (every tau2 config has the same, see above) and the browser worlds, on their first task: the
+    tutorials' pages, and the real pages ui_simulator's simulated shop copies, where its output is measured."""
     data = _shipped(name)
     if data["env"] == "mcp":
         data["env_config"]["sessions"] = 1
