@@ -249,6 +249,9 @@ class UISimulatorConfig(EnvMethodConfig):
         if self.loop == "wrap" and (self.explore != "teacher" or self.walk_steps < 1):
             raise ValueError("loop: wrap makes its trajectories from the teacher's exploration: it needs explore: "
                              "teacher and walk_steps >= 1 (or loop: propose)")
+        if self.loop == "wrap" and self.grow and self.student.llm is None:
+            raise ValueError("grow with loop: wrap ranks the wrapped tasks by the student's loss (one trajectory each: "
+                             "no success rate to rank by); configure the student (student.llm)")
         if self.grow and self.student.llm is None and self.attempts < 4:
             raise ValueError(f"grow without a student model (student.llm) chooses tasks by success rate, which needs "
                              f"attempts >= 4 (got {self.attempts}); configure the student or raise attempts")
