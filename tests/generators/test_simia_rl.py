@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from flows.cli import app
+from flows.improve import check_disjoint
 from flows.improve_config import load_improve_config
 from schemas.store import Dataset
 from tests.conftest import REPO
@@ -60,6 +61,8 @@ def test_simia_rl_trains_on_rewarded_episodes_of_the_simulated_world_and_evals_o
     real = {k: v for k, v in cfg.env_config.items()}
     assert entry["env_config"]["from_mcp"] == real  # the simulation copies the real server's tools and policy
     assert entry["user"] == {"kind": "auto"}  # the simulator plays the customer
+    # improve's own check before it runs: training tasks (train split) and test tasks share none.
+    assert check_disjoint(cfg) == (8, 8)
 
     with FakeServer(rules=[Rule(fn=world)]) as server:
         entry = {k: v for k, v in entry.items() if k != "name"}
