@@ -63,7 +63,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, Field, create_model, model_validator
@@ -159,21 +159,18 @@ class Rewrite(BaseModel):
     thoughts: list[str]
 
 
-def rewrite_model(n: int) -> type[Rewrite]:
-    """The relabeller's answer for a trajectory of `n` agent steps: exactly one thought per step."""
-    return create_model("Rewrite", __base__=Rewrite,  # type: ignore[call-overload, no-any-return]
-                        thoughts=(list[str], Field(min_length=n, max_length=n)))
+class Wrapped(Rewrite):
+    """The trajectory wrapper's answer: the relabeller's, and the agent's final answer to the user."""
 
-
-class Wrapped(BaseModel):
-    instruction: str
-    thoughts: list[str]
     answer: str
 
 
-def wrap_model(n: int) -> type[Wrapped]:
-    """The wrapper's answer for an exploration of `n` actions: exactly one thought per action."""
-    return create_model("Wrapped", __base__=Wrapped,  # type: ignore[call-overload, no-any-return]
+RewriteT = TypeVar("RewriteT", bound=Rewrite)
+
+
+def one_thought_each(answer: type[RewriteT], n: int) -> type[RewriteT]:
+    """`answer` (the relabeller's or the wrapper's) for a trajectory of `n` actions: exactly one thought per action."""
+    return create_model(answer.__name__, __base__=answer,  # type: ignore[call-overload, no-any-return]
                         thoughts=(list[str], Field(min_length=n, max_length=n)))
 
 
@@ -450,7 +447,7 @@ class UISimulator(EnvMethod):
             [{"role": "system", "content": WRAP_SYSTEM},
              {"role": "user", "content": WRAP_USER.format(guides=guides, n=len(actions),
                                                           transcript=self._transcript(steps))}],
-            wrap_model(len(actions)))
+            one_thought_each(Wrapped, len(actions)))
         if answer is None or not answer.instruction.strip():
             result.reject(trajectory, "wrap", "no wrap: no valid answer from the trajectory wrapper")
             return
@@ -617,7 +614,7 @@ class UISimulator(EnvMethod):
             [{"role": "system", "content": REWRITE_SYSTEM},
              {"role": "user", "content": REWRITE_USER.format(instruction=original, n=len(actions),
                                                              transcript=self._transcript(trajectory.steps))}],
-            rewrite_model(len(actions)))
+            one_thought_each(Rewrite, len(actions)))
         if answer is None or not answer.instruction.strip():
             # Relabelled only as a whole: an instruction without thoughts to match would contradict its steps.
             result.counts["rewrite_failed"] += 1
