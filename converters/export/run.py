@@ -28,7 +28,7 @@ from converters.export.formats import CONVERSATION_COLUMNS, FORMATS, Format, row
 from converters.export.lengths import TokenStats, approx_tokens, dict_chars, message_chars, sum_lists
 from converters.export.mix import copies
 from converters.export.options import DPO_LEVELS, HISTORIES, KTO_MODES, SFT_LAYOUTS, FormatOptions
-from converters.export.records import COLUMNS, SPOILED, Batch, pair_refs
+from converters.export.records import COLUMNS, PAIR_MEMBER, SPOILED, Batch, pair_refs, trains_records
 from converters.export.render import Conversation, RenderOptions, Unrenderable
 from converters.export.roles import RoleReport
 from converters.export.sharegpt import DATASET_INFO
@@ -347,6 +347,9 @@ def _select(fmt: Format, cfg: ExportConfig, inputs: Inputs) -> np.ndarray:
     spoiled = np.logical_or.reduce([b.spoiled_by_user for b in inputs.behind])  # a pair: either side
     for r in np.flatnonzero(spoiled & (copies_of > 0)).tolist():
         inputs.reasons[r], copies_of[r] = SPOILED, 0
+    if fmt.table == "trajectories" and trains_records(fmt):
+        for r in np.flatnonzero(inputs.behind[0].pair_only & (copies_of > 0)).tolist():
+            inputs.reasons[r], copies_of[r] = PAIR_MEMBER, 0
     if fmt.supervised and fmt.table == "trajectories" and not cfg.include_failed:
         failed = pc.fill_null(pc.equal(inputs.behind[0].column("success"), False), False).to_numpy(zero_copy_only=False)
         for r in np.flatnonzero(failed & (copies_of > 0)).tolist():
@@ -428,6 +431,9 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
     for key, k in zip(keys.field("values").to_pylist(), keys.field("counts").to_pylist()):
         report.provenance[tuple(key.split("\x00"))] += k  # type: ignore[index]
     for batch in inputs.behind:
+        for r in np.flatnonzero(exported).tolist():
+            for what, instead in batch.fallbacks[r].items():
+                report.notes[f"fallback in {inputs.sources[r]} records: {what}: {instead}"] += 1
         report.steps.update({int(k): int(v) for k, v in zip(*np.unique(batch.lengths[exported], return_counts=True))})
         rewards = pc.value_counts(pc.round(batch.column("reward").filter(pa.array(exported)).drop_null(), 2))
         report.rewards.update(dict(zip(rewards.field("values").to_pylist(), rewards.field("counts").to_pylist())))
