@@ -7,6 +7,7 @@ Implementations only provide `_complete(request)`: one raw call returning `reque
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import re
@@ -29,12 +30,18 @@ from backends.redact import Redactor, endpoint_name
 from backends.scoring import ScoringUnsupported, TokenLogprob, decode, encode
 from backends.stats import Stats
 from backends.types import ChatRequest, Completion, Usage
+from schemas.models import Tokens
 from schemas.models import Usage as StepUsage
 
 log = logging.getLogger("trajforge.backends")
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+
+
+def template_hash(template: str) -> str:
+    """A chat template's identity in records (`Tokens.chat_template`): the first 16 hex digits of its sha256."""
+    return hashlib.sha256(template.encode()).hexdigest()[:16]
 
 
 class LLM(ABC):
@@ -168,12 +175,28 @@ class LLM(ABC):
     def step_usage(self, completion: Completion) -> StepUsage:
         """The usage a step made from `completion` records (a cached answer cost nothing this time)."""
         u = completion.usage
+        tokens = self.step_tokens(completion)
         if completion.cached:
             return StepUsage(model=self.model_name, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                             latency_s=0.0, retries=0, cost_usd=0.0, cached=True)
+                             latency_s=0.0, retries=0, cost_usd=0.0, cached=True, tokens=tokens)
         return StepUsage(model=self.model_name, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                          latency_s=round(completion.latency_s, 6), retries=completion.retries,
-                         cost_usd=self.cost_usd(u.prompt_tokens, u.completion_tokens))
+                         cost_usd=self.cost_usd(u.prompt_tokens, u.completion_tokens), tokens=tokens)
+
+    def step_tokens(self, completion: Completion) -> Tokens | None:
+        """The token truth a step records of `completion`: its backend's ids, None when it gave none or
+        `llm.token_ids` is off."""
+        t = completion.tokens
+        if t is None or self.config.token_ids == "off":
+            return None
+        tokenizer, template = self.token_source()
+        return Tokens(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, logprobs=t.logprobs,
+                      tokenizer=tokenizer, chat_template=template)
+
+    def token_source(self) -> tuple[str | None, str | None]:
+        """(the tokenizer's name, the sha256 of the chat template that rendered prompts) behind recorded ids.
+        A server applies its own template, unseen here: by default the served model names both."""
+        return self.config.model, None
 
     def print_summary(self, console: Any = None) -> None:
         self.stats.print_summary(f"LLM usage ({self.backend_name}:{self.config.model})", console)

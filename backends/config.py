@@ -69,6 +69,12 @@ class LLMConfig(BaseModel):
     seed: int | None = None
     stop: list[str] | None = None
 
+    # Token truth per model call (prompt and completion ids, completion logprobs) in each step's usage:
+    # "auto" where the backend is known to give them (local engines, the fake server, a vLLM server
+    # whose /models says so); "on" asks any OpenAI-compatible server (hosted APIs may refuse the
+    # fields); "off" records none.
+    token_ids: Literal["auto", "on", "off"] = "auto"
+
     cache_path: str | None = None
     ledger_path: str | None = None
     # Prices per million tokens; without them a remote model's cost is reported as unknown (local

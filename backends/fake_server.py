@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import re
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,12 +96,20 @@ class FakeServerConfig:
     reject_json_schema: bool = False  # answer 400 to response_format json_schema
     rules: list[Rule] = field(default_factory=list)
     model: str = "fake-model"
+    # What /models says owns the model: "vllm" (the default) tells clients it answers vLLM's extensions.
+    owned_by: str = "vllm"
     keep_log: bool = True
     log_path: str | None = None
     # vLLM's `prompt_logprobs`: when a request asks for them, the answer carries one entry per prompt
     # token (whitespace-split contents between chat markers), each with this logprob: a number, or
     # fn(request JSON) -> number. None: the parameter is ignored, as servers other than vLLM do.
     prompt_logprob: float | Callable[[dict[str, Any]], float] | None = -1.0
+    # vLLM's `return_token_ids` (and `logprobs`): scripted ids of word-and-space pieces (`_chat_pieces`: a prompt
+    # renders each earlier answer as it was generated, so a conversation's prompts extend each other as a real
+    # template's do), each piece's ids `tokenize(piece)` (default: one id, a hash), the i-th completion token's
+    # logprob `completion_logprob(i)`. A real tokenizer's `tokenize` gives ids that decode to the text.
+    tokenize: Callable[[str], list[int]] = field(default=lambda piece: [zlib.crc32(piece.encode()) % 49_152])
+    completion_logprob: Callable[[int], float] = field(default=lambda i: -((i % 8) + 1) / 16)
 
 
 def _last_user(messages: list[dict[str, Any]]) -> str:
@@ -131,7 +141,7 @@ class FakeServer:
         return app
 
     async def _models(self, request: web.Request) -> web.Response:
-        data = {"object": "list", "data": [{"id": self.config.model, "object": "model", "owned_by": "fake"}]}
+        data = {"object": "list", "data": [{"id": self.config.model, "object": "model", "owned_by": self.config.owned_by}]}
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
     def _record(self, entry: dict[str, Any]) -> None:
@@ -253,6 +263,16 @@ class FakeServer:
         if body.get("prompt_logprobs") is not None and cfg.prompt_logprob is not None:
             value = cfg.prompt_logprob(body) if callable(cfg.prompt_logprob) else cfg.prompt_logprob
             payload["prompt_logprobs"] = prompt_logprobs(messages, float(value))
+        if body.get("return_token_ids"):
+            payload["prompt_token_ids"] = entry["prompt_token_ids"] = [
+                i for p in _chat_pieces(messages) for i in cfg.tokenize(p)]
+            for c in choices:
+                pieces = [*re.findall(r"\S+|\s+", _answer_text(c["message"])), "<|im_end|>"]
+                c["token_ids"] = [i for p in pieces for i in cfg.tokenize(p)]
+                if body.get("logprobs"):
+                    c["logprobs"] = {"content": [{"token": str(t), "logprob": cfg.completion_logprob(i), "bytes": None,
+                                                  "top_logprobs": []} for i, t in enumerate(c["token_ids"])]}
+            entry["token_ids"] = [c["token_ids"] for c in choices]
         if entry["outcome"] == "pending":
             entry["outcome"] = "truncated" if truncated else "ok"
         entry["answers"] = [c["message"] for c in choices]  # what was answered, for checks against records
@@ -331,16 +351,49 @@ def _error(status: int, message: str, retry_after: float | None = None) -> web.R
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
-def prompt_logprobs(messages: list[dict[str, Any]], logprob: float) -> list[dict[str, dict[str, Any]] | None]:
-    """vLLM-shaped prompt logprobs of a ChatML-like rendering: `<|im_start|>role\n`, the content in
-    word and space tokens, `<|im_end|>\n`; the first token has none, every other `logprob`."""
+def _prompt_pieces(messages: list[dict[str, Any]]) -> list[str]:
+    """The fake tokens of a ChatML-like rendering: `<|im_start|>role\n`, the content in word and space
+    tokens, `<|im_end|>\n`."""
     pieces: list[str] = []
     for m in messages:
         pieces.append(f"<|im_start|>{m.get('role', 'user')}\n")
         pieces += re.findall(r"\S+|\s+", str(m.get("content") or ""))
         pieces.append("<|im_end|>\n")
+    return pieces
+
+
+def _chat_pieces(messages: list[dict[str, Any]]) -> list[str]:
+    """The fake tokens of a prompt the model answers: per message `<|im_start|>role\n`, its text (an assistant
+    message as `_answer_text` writes it), `<|im_end|>`, `\n`; then the generation prompt `<|im_start|>assistant\n`."""
+    pieces: list[str] = []
+    for m in messages:
+        text = _answer_text(m) if m.get("role") == "assistant" else str(m.get("content") or "")
+        pieces += [f"<|im_start|>{m.get('role', 'user')}\n", *re.findall(r"\S+|\s+", text), "<|im_end|>", "\n"]
+    return [*pieces, "<|im_start|>assistant\n"]
+
+
+def _answer_text(message: dict[str, Any]) -> str:
+    """An answer as a model would have written it: its text, then each tool call in a `<tool_call>` block, its
+    arguments written as a chat template's `tojson` writes them (a client may re-serialize them in the next
+    request: the same rendering keeps the conversation's prompts extending each other)."""
+    calls = [f"<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': _arguments(c)})}</tool_call>"
+             for c in message.get("tool_calls") or ()]
+    return "\n".join([message.get("content") or "", *calls]).strip()
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    text = call["function"].get("arguments") or "{}"
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON (a garbage answer): as written
+
+
+def prompt_logprobs(messages: list[dict[str, Any]], logprob: float) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM-shaped prompt logprobs of the fake tokens of `_prompt_pieces`; the first token has none, every other
+    `logprob`."""
     return [None if i == 0 else {str(i): {"logprob": logprob, "rank": 1, "decoded_token": p}}
-            for i, p in enumerate(pieces)]
+            for i, p in enumerate(_prompt_pieces(messages))]
 
 
 def _choice(index: int, answer: Any, last_user: str, truncated: bool) -> dict[str, Any]:

@@ -7,13 +7,16 @@ import glob
 import importlib.util
 import os
 import threading
+from dataclasses import replace
 from typing import Any
 
-from backends.base import LLM
+import numpy as np
+
+from backends.base import LLM, template_hash
 from backends.config import LLMConfig
 from backends.emulation import prepare, to_completion
 from backends.scoring import ScoringUnsupported, TokenLogprob
-from backends.types import ChatRequest, Completion, Usage
+from backends.types import ChatRequest, Completion, TokenIds, Usage
 
 INSTALL_HINT = (
     "the llamacpp backend needs llama-cpp-python and the SmolLM2 weights: "
@@ -58,9 +61,15 @@ class LlamaCppLLM(LLM):
             verbose=False,
         )
         self._lock = threading.Lock()
+        self._record = TokenRecorder(self._llama) if config.token_ids != "off" else None
+        template = self._llama.metadata.get("tokenizer.chat_template")
+        self._template_hash = template_hash(template) if template else None
         # Scoring needs the logits of every prompt position (logits_all), which slows generation and
         # holds n_ctx x vocabulary floats: a second instance of the same weights, made on first use.
         self._scorer: Any = None
+
+    def token_source(self) -> tuple[str | None, str | None]:
+        return self.model_path, self._template_hash
 
     async def _complete(self, request: ChatRequest) -> list[Completion]:
         return await asyncio.to_thread(self._complete_sync, request)
@@ -76,11 +85,15 @@ class LlamaCppLLM(LLM):
             if i and "seed" in kwargs:
                 kwargs["seed"] = request.params["seed"] + i  # same seed would repeat sample 0
             with self._lock:
+                if self._record is not None:
+                    self._record.start()
                 resp = self._llama.create_chat_completion(messages=messages, **kwargs)
+                tokens = self._record.tokens() if self._record is not None else None
             choice = resp["choices"][0]
             usage = resp.get("usage") or {}
             u = Usage(usage.get("prompt_tokens", 0) if i == 0 else 0, usage.get("completion_tokens", 0))
-            out.append(to_completion(choice["message"].get("content") or "", choice.get("finish_reason"), u, tool_call))
+            answer = to_completion(choice["message"].get("content") or "", choice.get("finish_reason"), u, tool_call)
+            out.append(replace(answer, tokens=tokens))
         return out
 
     async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
@@ -116,3 +129,40 @@ class LlamaCppLLM(LLM):
             for model in (llama, scorer):
                 if model is not None:
                     model.close()
+
+
+class TokenRecorder:
+    """What llama.cpp fed and produced in one generation: the prompt ids `generate` was given (as llama.cpp
+    formatted and tokenized the chat, special tokens and all), every token `sample` returned (the end token
+    too, which llama-cpp-python's answer leaves out), and each one's logprob under the model's raw logits.
+
+    It wraps the two methods on the instance: llama-cpp-python hands out neither the ids nor (without
+    `logits_all`, which slows every generation) their logprobs. Used under the backend's lock.
+    """
+
+    def __init__(self, llama: Any) -> None:
+        self.prompt: list[int] | None = None
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        generate, sample = llama.generate, llama.sample
+
+        def recorded_generate(tokens: Any, *args: Any, **kwargs: Any) -> Any:
+            self.prompt = list(tokens)
+            return generate(tokens, *args, **kwargs)
+
+        def recorded_sample(*args: Any, idx: int | None = None, **kwargs: Any) -> int:
+            row = idx - llama.n_tokens if idx is not None else -1  # as `Llama.sample` reads the logits
+            logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(row), shape=(llama.n_vocab(),)).astype(np.float64)
+            token = sample(*args, idx=idx, **kwargs)
+            top = logits.max()
+            self.ids.append(int(token))
+            self.logprobs.append(float(logits[token] - top - np.log(np.exp(logits - top).sum())))
+            return token
+
+        llama.generate, llama.sample = recorded_generate, recorded_sample
+
+    def start(self) -> None:
+        self.prompt, self.ids, self.logprobs = None, [], []
+
+    def tokens(self) -> TokenIds | None:
+        return None if self.prompt is None else TokenIds(self.prompt, self.ids, self.logprobs)

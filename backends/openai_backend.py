@@ -7,6 +7,7 @@ the lean client does not handle (redirects, compressed bodies).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -17,7 +18,7 @@ from backends.config import LLMConfig
 from backends.errors import REFUSED, BackendError, kind_for_status, parse_retry_after
 from backends.http_client import HTTPClient, Unsupported
 from backends.scoring import ScoringUnsupported, TokenLogprob, parse_prompt_logprobs
-from backends.types import ChatRequest, Completion, ToolCall, Usage, split_usage
+from backends.types import ChatRequest, Completion, TokenIds, ToolCall, Usage, split_usage
 
 log = logging.getLogger("trajforge.backends")
 
@@ -28,8 +29,13 @@ _SDK_PARAMS = frozenset(
 )
 
 
-def build_payload(model: str, request: ChatRequest) -> dict[str, Any]:
+def build_payload(model: str, request: ChatRequest, token_ids: bool = False) -> dict[str, Any]:
+    """The request body; `token_ids` asks vLLM's extensions for the prompt and completion ids and the
+    completion's logprobs (outside `request.params`: the cache key stays that of the answer)."""
     payload: dict[str, Any] = {"model": model, "messages": request.messages, **request.params}
+    if token_ids:
+        payload["return_token_ids"] = True
+        payload.setdefault("logprobs", True)
     if request.n != 1:
         payload["n"] = request.n
     if request.tools:
@@ -44,6 +50,7 @@ def build_payload(model: str, request: ChatRequest) -> dict[str, Any]:
 def parse_response(body: dict[str, Any]) -> list[Completion]:
     """Chat-completions JSON -> Completions. KeyError/TypeError means a malformed body."""
     choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
+    prompt_ids = body.get("prompt_token_ids")
     usage = body.get("usage") or {}
     usages = split_usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0, len(choices))
     out = []
@@ -56,8 +63,21 @@ def parse_response(body: dict[str, Any]) -> list[Completion]:
         content, refusal = msg.get("content") or "", msg.get("refusal")
         # A model's refusal (OpenAI's `refusal` field) is no answer to train on: marked, asked again.
         unusable = f"{REFUSED}: {refusal}" if refusal and not content and not calls else None
-        out.append(Completion(content or refusal or "", calls, choice.get("finish_reason"), u, unusable=unusable))
+        out.append(Completion(content or refusal or "", calls, choice.get("finish_reason"), u, unusable=unusable,
+                              tokens=_token_ids(prompt_ids, choice)))
     return out
+
+
+def _token_ids(prompt_ids: Any, choice: dict[str, Any]) -> TokenIds | None:
+    """vLLM's token truth of a choice: the response's `prompt_token_ids`, the choice's `token_ids`, and the
+    logprob of each from `logprobs.content` (dropped unless there is one per id); None without ids."""
+    ids = choice.get("token_ids")
+    if prompt_ids is None or ids is None:
+        return None
+    content = (choice.get("logprobs") or {}).get("content")
+    logprobs = [float(e["logprob"]) for e in content] if isinstance(content, list) and len(content) == len(ids) \
+        else None
+    return TokenIds([int(i) for i in prompt_ids], [int(i) for i in ids], logprobs)
 
 
 def refused_tool_call(status: int, body: Any) -> BackendError | None:
@@ -96,6 +116,9 @@ class _Server:
         self.key = key
         self.sdk: Any = None
         self.http: HTTPClient | None = None
+        # Whether requests ask for token ids (vLLM's `return_token_ids`); None until `asks_token_ids` knows.
+        self.token_ids: bool | None = None
+        self.probing = asyncio.Lock()
         self.use_sdk = not (transport == "http" and base_url.startswith(("http://", "https://")))
         if not self.use_sdk:
             headers = {"Content-Type": "application/json"}
@@ -130,14 +153,36 @@ class OpenAILLM(LLM):
         return await self._complete_at(0, request)
 
     async def _complete_at(self, endpoint: int, request: ChatRequest) -> list[Completion]:
+        server = self._servers[endpoint]
+        payload = build_payload(self.config.model, request, await self._asks_token_ids(server))
         try:
-            body = await self._send(self._servers[endpoint], build_payload(self.config.model, request))
+            body = await self._send(server, payload)
         except BackendError as err:
             if err.kind == "refused":  # the refused generation is the answer, marked unusable
                 answer = Completion(getattr(err, "failed_generation", ""), [], None, Usage(), unusable=str(err))
                 err.completions = [answer] * request.n  # type: ignore[attr-defined]
             raise
         return parse_body(body)
+
+    async def _asks_token_ids(self, server: _Server) -> bool:
+        """Whether requests to `server` ask for token ids: `llm.token_ids` on/off, or under "auto" whether the
+        server says it is vLLM (its /models `owned_by`), asked once it answers: a hosted API may refuse unknown
+        fields. The question takes at most half the request's timeout; an unreachable server is asked again."""
+        if server.token_ids is None:
+            mode = self.config.token_ids
+            if mode != "auto":
+                server.token_ids = mode == "on"
+            else:
+                async with server.probing:
+                    if server.token_ids is None:
+                        known = await asyncio.to_thread(serves_token_ids, server.base_url, server.key,
+                                                        min(10.0, self.config.request_timeout_s / 2))
+                        if known is None:
+                            return False
+                        server.token_ids = known
+                        log.info("%s %s token ids", self.redact(server.base_url),
+                                 "is a vLLM server: asked for" if known else "does not say it is vLLM: no")
+        return server.token_ids
 
     async def _prompt_logprobs(self, request: ChatRequest) -> list[TokenLogprob]:
         return await self._prompt_logprobs_at(0, request)
@@ -229,6 +274,26 @@ class OpenAILLM(LLM):
     async def _close(self) -> None:
         for server in self._servers:
             await server.close()
+
+
+def serves_token_ids(base: str, key: str | None, timeout_s: float = 10.0) -> bool | None:
+    """Whether the server at `base` lists a model `owned_by` vLLM on `GET /models` (vLLM answers
+    `return_token_ids`); None when it cannot be reached (asked again later), False for any other answer."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout_s) as resp:
+            models = orjson.loads(resp.read()).get("data") or []
+    except urllib.error.HTTPError:
+        return False
+    except OSError:  # refused, unknown host, timed out: the endpoint is down, not known to be something else
+        return None
+    except (ValueError, AttributeError):
+        return False
+    return any(isinstance(m, dict) and m.get("owned_by") == "vllm" for m in models)
 
 
 def endpoint_problem(config: LLMConfig, timeout_s: float = 10.0) -> str | None:

@@ -29,13 +29,13 @@ from typing import Any
 
 import orjson
 
-from backends.base import LLM
+from backends.base import LLM, template_hash
 from backends.config import LLMConfig
 from backends.emulation import prepare
 from backends.jsonrepair import extract_json
 from backends.scoring import TokenLogprob
 from backends.toolcalls import ToolCallError, load_call, tool_call_blocks
-from backends.types import ChatRequest, Completion, ToolCall, Usage
+from backends.types import ChatRequest, Completion, TokenIds, ToolCall, Usage
 
 INSTALL_HINT = ("the transformers backend needs torch, transformers and (for GGUF files) gguf: "
                 "pip install torch 'trajforge[train]'")
@@ -138,6 +138,7 @@ class TransformersLLM(LLM):
         if not self.template:
             raise ValueError(f"model {self.model_path} has no chat template; set llm.chat_template")
         self._stop_ids = self._end_tokens()
+        self._template_hash = template_hash(self.template)
         self._lock = threading.Lock()
         self._prefix = PrefixCache()
 
@@ -150,6 +151,9 @@ class TransformersLLM(LLM):
             if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
                 ids.add(tid)
         return sorted(i for i in ids if isinstance(i, int))
+
+    def token_source(self) -> tuple[str | None, str | None]:
+        return self.model_path, self._template_hash
 
     # ---- the prompt -----------------------------------------------------------------------------
 
@@ -194,6 +198,7 @@ class TransformersLLM(LLM):
         else:
             kwargs.update(top_p=None, top_k=None, temperature=None)
         device = self.model.device
+        record = self.config.token_ids != "off"  # the logits of every generated token cost memory: kept only then
         one = not (sample and request.n > 1)  # one sequence: the prompt's cache can be kept for the next request
         with self._lock, torch.inference_mode():
             if sample and params.get("seed") is not None:
@@ -201,23 +206,29 @@ class TransformersLLM(LLM):
             cache = self._prefix.reuse(ids) if one else None
             out = self.model.generate(input_ids=torch.tensor([ids], device=device),
                                       attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                                      cache=cache, return_dict_in_generate=True, **kwargs)
+                                      cache=cache, return_dict_in_generate=True, output_logits=record, **kwargs)
             if one:
                 self._prefix.keep(ids, _generated_cache(out))
         rows = out.sequences[:, len(ids):].tolist()
+        # The model's own log-probabilities (raw logits: before temperature and top-p) of what it generated.
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1).gather(
+            2, out.sequences[:, len(ids):, None]).squeeze(2).tolist() if record else [None] * len(rows)
         if not sample:
-            rows = rows * request.n  # greedy: every sample is the same answer
+            rows, logprobs = rows * request.n, logprobs * request.n  # greedy: every sample is the same answer
         completions = []
-        for i, row in enumerate(rows):
+        for i, (row, row_logprobs) in enumerate(zip(rows, logprobs)):
             # Cut at the first end token: shorter samples of a batch are padded after theirs.
             end = next((j for j, t in enumerate(row) if t in self._stop_ids), None)
             ended = end is not None
+            # The token truth keeps the end token: the model produced it, and a trainer teaches it to stop there.
+            produced = len(row) if end is None else end + 1
+            tokens = TokenIds(list(ids), row[:produced], row_logprobs[:produced]) if record else None
             row = row[:end]
             text = self.tokenizer.decode(row, skip_special_tokens=True)
             text, stopped = _cut_at_stop(text, params.get("stop"))
             finish = "stop" if ended or stopped else "length"
             usage = Usage(len(ids) if i == 0 else 0, len(row))
-            completions.append(read_answer(text, finish, usage, emulated=emulated))
+            completions.append(replace(read_answer(text, finish, usage, emulated=emulated), tokens=tokens))
         return completions
 
     def _validate(self, request: ChatRequest, completions: list[Completion]) -> list[Completion]:

@@ -23,6 +23,18 @@ class Usage:
 
 
 @dataclass(slots=True, frozen=True)
+class TokenIds:
+    """The ids a sample's model was fed and produced, and the logprob of each produced one (None: not given)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] | None = None
+
+    def to_list(self) -> list[Any]:
+        return [self.prompt_ids, self.completion_ids, self.logprobs]
+
+
+@dataclass(slots=True, frozen=True)
 class Completion:
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -36,6 +48,8 @@ class Completion:
     # Why the answer cannot be used (cut short, unparseable tool call, refused), when the wrapper gave
     # up asking again and hands it back as it is; None for a usable answer.
     unusable: str | None = None
+    # The call's token ids where the backend gives them (`llm.token_ids`), cached with the answer.
+    tokens: TokenIds | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -48,6 +62,8 @@ class Completion:
         }
         if self.unusable is not None:
             data["unusable"] = self.unusable
+        if self.tokens is not None:
+            data["tokens"] = self.tokens.to_list()
         return data
 
     @classmethod
@@ -62,6 +78,7 @@ class Completion:
             latency_s=d.get("latency_s", 0.0),
             retries=d.get("retries", 0),
             unusable=d.get("unusable"),
+            tokens=TokenIds(*d["tokens"]) if d.get("tokens") else None,
         )
 
 

@@ -7,13 +7,14 @@ Optional (`pip install 'trajforge[vllm]'`, needs a GPU). For a shared server, pr
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from backends.base import LLM
 from backends.config import LLMConfig
 from backends.emulation import prepare, to_completion
 from backends.errors import BackendError
-from backends.types import ChatRequest, Completion, Usage
+from backends.types import ChatRequest, Completion, TokenIds, Usage
 
 INSTALL_HINT = (
     "the vllm backend needs vLLM: pip install 'trajforge[vllm]' "
@@ -89,7 +90,9 @@ class VLLMLLM(LLM):
                 SamplingParams(
                     n=r.n, temperature=p.get("temperature", 1.0), top_p=p.get("top_p", 1.0),
                     max_tokens=p.get("max_tokens", 512), seed=p.get("seed"),
-                    stop=[stop] if isinstance(stop, str) else stop, **extra,
+                    stop=[stop] if isinstance(stop, str) else stop,
+                    # 0: the logprob of each sampled token only (the token truth of `llm.token_ids`).
+                    logprobs=None if self.config.token_ids == "off" else 0, **extra,
                 )
             )
             conversations.append(messages)
@@ -99,10 +102,18 @@ class VLLMLLM(LLM):
         for out, tool_call in zip(outputs, tool_flags):
             # A bad emulated tool call comes back marked unusable: the wrapper asks again for that request only.
             results.append([
-                to_completion(
+                replace(to_completion(
                     o.text, o.finish_reason,
                     Usage(len(out.prompt_token_ids or ()) if i == 0 else 0, len(o.token_ids)), tool_call,
-                )
+                ), tokens=TokenIds(list(out.prompt_token_ids or ()), list(o.token_ids), _sampled_logprobs(o)))
                 for i, o in enumerate(out.outputs)
             ])
         return results
+
+
+def _sampled_logprobs(output: Any) -> list[float] | None:
+    """The logprob of each token a vLLM `CompletionOutput` sampled (its `logprobs`: one dict per token,
+    token id -> Logprob), or None when not asked for."""
+    if not output.logprobs:
+        return None
+    return [float(step[token].logprob) for token, step in zip(output.token_ids, output.logprobs)]

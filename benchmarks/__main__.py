@@ -151,6 +151,7 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("vllm_backend", "benchmarks.vllm_backend", (), ("--prompts", "2000")),
     Benchmark("envs", "benchmarks.envs", (), ("--calls", "2000", "--episodes", "192", "--steps", "600",
                                               "--browser-episodes", "64")),
+    Benchmark("token_size", "benchmarks.token_size", ("--records", "300"), ("--records", "3000")),
     Benchmark("decontam", "benchmarks.decontam", ("--records", "50000"), ("--records", "500000")),
     # Rules alone on the quick run; --full adds the embedded SmolLM2 as the judge (about 11 minutes on 2 cores).
     Benchmark("user_fidelity", "benchmarks.user_fidelity", (), ("--embedded",)),

@@ -148,7 +148,10 @@ class EnvFactory:
     def tasks(self) -> list[Task]:
         """The run's tasks (a world's own generator works on an unstarted environment)."""
         env = self.make() if self.spec.tasks.source == "env" else None
-        return load_tasks(self.spec.tasks, self.spec.env, env)
+        # A world with a Python of its own (an MCP server's venv) is where its `pkg://` task files are.
+        interpreter = getattr(self.cls, "package_interpreter", None)
+        return load_tasks(self.spec.tasks, self.spec.env, env,
+                          interpreter(self.spec.env_config) if interpreter is not None else None)
 
     def describe(self) -> dict[str, Any]:
         """The env, its task source and user as JSON-safe data for trajectory details (no LLM objects).

@@ -9,7 +9,8 @@
 Every source yields `Task`s for one environment, in a stable order (a re-run sees the same ids);
 `ids` keeps only the named ones, `n` caps how many. Sources are registered by name
 (`register_task_source`), so a package can add its own. Paths may name a file inside an installed
-Python package as `pkg://<package>/<path>`.
+Python package as `pkg://<package>/<path>`: looked up in the world's own Python first where it has
+one (an MCP server run from its venv: `load_tasks(..., interpreter)`), then in trajforge's.
 
 A source whose benchmark has a test split also registers how to read it (`register_held_out`):
 tau2's test tasks, MiniWoB's test seeds, the tasks of a JSONL file marked `metadata.split: test`
@@ -19,8 +20,12 @@ decontamination stage (pipelines/decontam.py).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import os
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -106,9 +111,13 @@ def task_sources() -> list[str]:
     return sorted(_SOURCES)
 
 
-def load_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None = None) -> list[Task]:
-    """The tasks `config` names for environment `env_name` (`env`: a started env, for generators)."""
+def load_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None = None,
+               interpreter: Interpreter | None = None) -> list[Task]:
+    """The tasks `config` names for environment `env_name` (`env`: a started env, for generators);
+    `pkg://` paths resolve in `interpreter`'s environment first (the world's own, e.g. a server's venv)."""
     _load_plugins()
+    if interpreter is not None:
+        config = _resolved(config, interpreter)
     loader = _SOURCES.get(config.source)
     if loader is None:
         raise TaskFileError(f"unknown task source {config.source!r}; known: {', '.join(sorted(_SOURCES))}")
@@ -129,15 +138,63 @@ def load_tasks(config: TaskSourceConfig, env_name: str, env: Environment | None 
     return tasks
 
 
-def resolve_path(path: str) -> Path:
-    """A filesystem path; `pkg://package/sub/path` names a file inside an installed package."""
+@dataclass(frozen=True)
+class Interpreter:
+    """A Python environment other than trajforge's (an MCP server's own venv): its interpreter and the
+    environment variables it runs with."""
+
+    python: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def resolve_path(path: str, interpreter: Interpreter | None = None) -> Path:
+    """A filesystem path; `pkg://package/sub/path` names a file inside an installed package: installed
+    in `interpreter`'s environment (looked at first, where given) or in trajforge's own."""
     if path.startswith("pkg://"):
         package, _, rest = path[len("pkg://"):].partition("/")
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise TaskFileError(f"{path}: package {package!r} is not installed")
-        return Path(list(spec.submodule_search_locations)[0]) / rest
+        found = _foreign_package_dir(package, interpreter) if interpreter is not None else None
+        found = found or _own_package_dir(package)
+        if found is None:
+            where = f"in {interpreter.python} nor in trajforge's" if interpreter is not None else "in trajforge's"
+            raise TaskFileError(f"{path}: package {package!r} is not installed ({where} environment)")
+        return Path(found) / rest
     return Path(path)
+
+
+def _own_package_dir(package: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # a dotted name whose parent is missing
+        return None
+    return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
+
+
+_FIND_PACKAGE = ("import importlib.util, sys\n"
+                 "s = importlib.util.find_spec(sys.argv[1])\n"
+                 "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
+
+
+@functools.lru_cache(maxsize=64)
+def _foreign_package_dir(package: str, interpreter: Interpreter) -> str | None:
+    """The package's folder as `interpreter` imports it (run once per package and interpreter)."""
+    try:
+        done = subprocess.run([interpreter.python, "-c", _FIND_PACKAGE, package], env=dict(interpreter.env),
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else ""
+    return found if found and os.path.isdir(found) else None
+
+
+def _resolved(config: TaskSourceConfig, interpreter: Interpreter) -> TaskSourceConfig:
+    """`config` with its `pkg://` paths (path, options.split_file) resolved in `interpreter`'s environment."""
+    update: dict[str, Any] = {}
+    if config.path and config.path.startswith("pkg://"):
+        update["path"] = str(resolve_path(config.path, interpreter))
+    split_file = config.options.get("split_file")
+    if isinstance(split_file, str) and split_file.startswith("pkg://"):
+        update["options"] = {**config.options, "split_file": str(resolve_path(split_file, interpreter))}
+    return config.model_copy(update=update) if update else config
 
 
 def read_text(path: str) -> str:

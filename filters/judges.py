@@ -4,17 +4,28 @@ Judges write their verdicts onto the record (`details["judge"][...]`, and `succe
 outcome judge) before deciding, so kept records carry them too. A judge that gets no valid
 answer raises JudgeFailed (the chain quarantines the record with stage "judge"), or, with
 `on_failure: keep`, keeps the record flagged `details["judge"][kind] = {"error": ...}`.
+
+A judge reads what the world showed: the record's steps without the agent's thoughts and raw answers
+(`filters.world_view`), since an agent's account of its own success talks a judge into it;
+`self_report: true` lets it read them too. Each verdict records what it read (`reads`) and whether the
+judge is the model that generated the record (`same_model_as_generator`, from the record's
+`provenance.model`; null when the record names none): a model grading its own output favours it, so
+that case is warned about once per judge.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
 from filters.base import BaseFilter, Decision, JudgeFailed, drop, keep, register
 from filters.text import render, task_text
+from filters.world_view import judged_steps
 from schemas.models import Trajectory
+
+log = logging.getLogger("trajforge.filters")
 
 OUTCOME_PROMPT = """You are evaluating whether an AI agent completed a task.
 
@@ -52,7 +63,7 @@ class _Judge(BaseFilter):
     verdict_key: ClassVar[str]
 
     def __init__(self, llm: dict[str, Any] | None = None, on_failure: str = "quarantine",
-                 max_chars: int = 12_000, prompt: str | None = None) -> None:
+                 max_chars: int = 12_000, prompt: str | None = None, self_report: bool = False) -> None:
         from backends.config import LLMConfig
 
         if on_failure not in ("quarantine", "keep"):
@@ -61,7 +72,9 @@ class _Judge(BaseFilter):
         self.on_failure = on_failure
         self.max_chars = max_chars
         self.prompt = prompt
+        self.self_report = self_report
         self._llm: Any = None
+        self._warned_same_model = False
 
     def _client(self) -> Any:
         # Built lazily inside the running event loop: HTTP sessions belong to the loop that made them.
@@ -77,14 +90,33 @@ class _Judge(BaseFilter):
             self._llm = None
 
     def messages(self, record: Trajectory, template: str) -> list[dict[str, str]]:
+        steps, _ = judged_steps(record.steps, self.self_report)
         text = (self.prompt or template).format(task=task_text(record) or "(not stated)",
-                                               transcript=render(record, self.max_chars))
+                                               transcript=render(record.model_copy(update={"steps": steps}),
+                                                                 self.max_chars))
         return [{"role": "user", "content": text}]
+
+    def same_model_as_generator(self, record: Trajectory) -> bool | None:
+        """Whether this judge's model made `record` (its `provenance.model`, `backend:model`); None: not recorded."""
+        made = record.provenance.model if record.provenance is not None else None
+        if not made:
+            return None
+        mine = f"{self.llm_config.backend}:{self.llm_config.model}"
+        name = made.split(":", 1)[-1]
+        # The same weights behind another client still grade their own output: a shared model name counts too.
+        same = made == mine or (name == self.llm_config.model and name not in ("", "default", "None"))
+        if same and not self._warned_same_model:
+            self._warned_same_model = True
+            log.warning("%s: the judge model %s generated the records it judges (e.g. %s): a model grading its own "
+                        "output favours it; give the judge another model (llm: ...)", self.name, mine, record.id)
+        return same
 
     def _annotated(self, record: Trajectory, verdict: dict[str, Any]) -> Trajectory:
         out = record.model_copy(deep=True)
         judge = dict(out.details.get("judge") or {})
-        judge[self.verdict_key] = {**verdict, "model": self.llm_config.model}
+        judge[self.verdict_key] = {**verdict, "model": self.llm_config.model,
+                                   "same_model_as_generator": self.same_model_as_generator(record),
+                                   "reads": judged_steps([], self.self_report)[1]}
         out.details = {**out.details, "judge": judge}
         return out
 

@@ -80,24 +80,34 @@ def check(
     # Checking trains nothing: every split may be checked.
     task_source = spec.tasks.model_copy(update={"allow_test_split": True, **({"n": tasks} if tasks else {})})
     spec = spec.model_copy(update={"tasks": task_source, "user": spec.user if with_user else UserConfig(kind="none")})
-    # What the world writes (screenshots, server logs) goes to a folder of the check's own: kept when something failed.
+    # What the world writes (screenshots, server logs) goes to a folder of the check's own: kept only when
+    # something failed and it holds files, and then named.
     scratch = Path(tempfile.mkdtemp(prefix="trajforge-envs-check-"))
-    report = None
+    report, error = None, None
     try:
         report = asyncio.run(_run(spec, data.get("llm"), concurrency, scratch, _max_steps(data)))
     except TaskFileError as exc:
-        fail(f"{exc} (tasks of {config})")
+        error = f"{exc} (tasks of {config})"
     except (EnvError, ValueError, KeyError) as exc:
-        fail(f"{config}: {exc}")
+        error = f"{config}: {exc}"
     finally:
-        if report is not None and report.healthy:
-            shutil.rmtree(scratch, ignore_errors=True)
+        kept = _kept(scratch, failed=report is None or not report.healthy)
+    if error is not None or report is None:
+        fail((error or f"{config}: the check did not finish") + (f" (server logs: {kept})" if kept else ""))
     if as_json:
-        typer.echo(json.dumps({**report.as_dict(), **({} if report.healthy else {"files": str(scratch)})}, indent=2))
+        typer.echo(json.dumps({**report.as_dict(), **({"files": str(kept)} if kept else {})}, indent=2))
     else:
-        _print(report, scratch)
+        _print(report, kept)
     if not report.healthy:
         raise typer.Exit(1)
+
+
+def _kept(scratch: Path, failed: bool) -> Path | None:
+    """The check's folder where it is worth keeping (a failure left files in it: server logs); else removed."""
+    if failed and any(p.is_file() for p in scratch.rglob("*")):
+        return scratch
+    shutil.rmtree(scratch, ignore_errors=True)
+    return None
 
 
 def _shared_state(spec: Any) -> list[str]:
@@ -116,7 +126,6 @@ def _max_steps(data: dict[str, Any]) -> int | None:
 async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, max_steps: int | None) -> CheckReport:
     from envs.check import check_env
     from envs.spec import EnvFactory
-    from envs.tasks import load_tasks
 
     llm = None
     if llm_config is not None and _needs_method_llm(spec):
@@ -126,7 +135,7 @@ async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, 
     factory = EnvFactory(spec, llm, output=scratch)
     factory.max_steps = max_steps
     try:
-        task_list = load_tasks(spec.tasks, spec.env, factory.make() if spec.tasks.source == "env" else None)
+        task_list = factory.tasks()
         if not task_list:
             raise ValueError("the task source gave no tasks")
         with RichProgress(f"envs check {spec.env}", console=err_console) as progress:
@@ -147,7 +156,7 @@ def _needs_method_llm(spec: EnvSpec) -> bool:
             or (getattr(env_class(spec.env), "needs_llm", False) and spec.env_config.get("llm") is None))
 
 
-def _print(report: CheckReport, scratch: Path) -> None:
+def _print(report: CheckReport, kept: Path | None) -> None:
     from rich.table import Table
 
     from envs.check import summary_rows
@@ -158,10 +167,19 @@ def _print(report: CheckReport, scratch: Path) -> None:
     for what, value in summary_rows(report):
         table.add_row(what, value)
     console.print(table)
+    # A reference call made and refused in both passes: the refusal says why (under its task's failure, if any).
+    refused: dict[str, list[str]] = {e.task: [] for e in report.reference_errors}
+    for error in report.reference_errors:
+        refused[error.task].append(f"step {error.index} {error.tool} was refused: {error.error}")
     for result in report.results:
         if result.reference is False or result.env_error:
             console.print(f"[red]reference failed[/] {result.task}: {result.env_error or result.reference_reason}",
                           highlight=False)
+            for line in refused.pop(result.task, []):
+                console.print(f"  {line}", highlight=False)
+    for task, lines in refused.items():
+        for line in lines:
+            console.print(f"[yellow]reference call[/] {task} {line}", highlight=False)
     for error in report.tool_errors:
         console.print(f"[red]tool error[/] {error.task} step {error.index} {error.tool}: {error.error}", highlight=False)
     passed = [r.task for r in report.results if r.do_nothing]
@@ -169,5 +187,5 @@ def _print(report: CheckReport, scratch: Path) -> None:
         console.print(f"do-nothing passed: {', '.join(passed)}", highlight=False)
     for problem in report.problems:
         console.print(f"[red]not healthy:[/] {problem}", highlight=False)
-    if not report.healthy:
-        console.print(f"files of the check (server logs, screenshots): {scratch}", highlight=False)
+    if kept is not None:
+        console.print(f"files of the check (server logs, screenshots): {kept}", highlight=False)

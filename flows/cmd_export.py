@@ -15,7 +15,7 @@ from flows.console import console, fail
 def export(
     dataset: Annotated[Path, typer.Argument(help="Input trajforge dataset directory.")],
     format: Annotated[str, typer.Option("--format", "-f",
-                                        help="trl-sft, trl-dpo, trl-kto, tokenized, openai, sharegpt or atif.")],
+                                        help="trl-sft, trl-dpo, trl-kto, tokenized, rl, openai, sharegpt or atif.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output directory (a Hugging Face dataset).")],
     shard_rows: Annotated[int, typer.Option(help="Rows per output shard.")] = 50_000,
     mix: Annotated[Optional[str], typer.Option(
@@ -48,13 +48,17 @@ def export(
         help="--format tokenized: a tokenizer directory with a chat template (or a hub name when online).")] = None,
     max_length: Annotated[Optional[int], typer.Option(
         help="--format tokenized: longest row in tokens; longer trajectories are cut by turns.")] = None,
+    tokens: Annotated[str, typer.Option(
+        help="--format tokenized: rows of model calls that recorded their token ids (llm.token_ids) take them "
+             "(recorded) or the chat template's render (rendered); the card counts rows where the two differ.")
+    ] = "recorded",
     skip_unfit_rows: Annotated[bool, typer.Option(
         help="Skip (and count by reason) the rows the layout or chat template cannot train as recorded: masked steps "
              "in --sft-layout messages, turns or tools the --format tokenized template does not render. Default: "
              "the export stops with one line naming the record.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier export in OUTPUT.")] = False,
 ) -> None:
-    """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, tokenized, OpenAI, ShareGPT) or as ATIF."""
+    """Export interlingua shards as a training-ready dataset (TRL SFT/DPO/KTO, tokenized, RL rollouts, OpenAI, ShareGPT) or as ATIF."""
     from converters.export import ExportConfig
     from converters.export import export as run_export
     from converters.export.mix import MixError, parse_mix
@@ -66,7 +70,7 @@ def export(
         cfg = ExportConfig(format=format, shard_rows=shard_rows, mix=parse_mix(mix), seed=seed, reasoning=reasoning,
                            web_max_chars=web_max_chars, sft_layout=sft_layout, history=history, kto_mode=kto_mode,
                            dpo_level=dpo_level,
-                           include_failed=include_failed, tokenizer=tokenizer, max_length=max_length,
+                           include_failed=include_failed, tokenizer=tokenizer, max_length=max_length, tokens=tokens,
                            skip_unfit_rows=skip_unfit_rows, overwrite=overwrite)
     except MixError as exc:
         fail(str(exc))

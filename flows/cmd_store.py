@@ -77,7 +77,8 @@ def stats(
     path: Annotated[Path, typer.Argument(help="Dataset directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
-    """Summarise a dataset with DuckDB: sources, steps, actions, tools, rewards, labels, quarantine."""
+    """Summarise a dataset with DuckDB: sources, steps, actions, tools, rewards, labels, broken simulated users,
+    quarantine."""
     ds = _open(path)
     try:
         result = dataset_stats(ds)
@@ -120,4 +121,8 @@ def _print_stats(result: dict[str, Any]) -> None:
         console.print(table)
     if result["reward"]["count"]:
         console.print("reward: " + "  ".join(f"{k}={v}" for k, v in result["reward"].items()))
+    fidelity = result["user_fidelity"]
+    if fidelity["checked"]:
+        console.print(f"simulated user: checked {fidelity['checked']}  broken {fidelity['broken']} (details.user_fidelity"
+                      ".ok false: exports leave these out)", highlight=False)
 

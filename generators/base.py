@@ -56,6 +56,8 @@ class JudgeConfig(BaseModel):
     llm: LLMConfig | None = Field(None, description="the judge's model; default: the method's own model (warned)")
     vision: bool = Field(False, description="the judge's model accepts images: judges of web pages see the screenshots "
                                             "(else their paths and the pages' text, with a warning and a count)")
+    self_report: bool = Field(False, description="the judge also reads the agent's thoughts (its own account of the "
+                                                 "episode); default: only what the world showed (filters.world_view)")
 
 
 class RoleModel(BaseModel):

@@ -24,6 +24,13 @@ highest are evolved in both directions (AgentGen's Bi-Evol):
   In every mode the solution must succeed (its calls accepted by the world), a do-nothing
   episode must fail, and each of the model's wrong solutions must fail. Failing variants are
   filtered by "evolution_check" with the reason and every check's verdict.
+  The writer's solution replayed proves its calls are accepted, not that the instruction asks for
+  what the check checks (in `criteria` mode the solution *is* the criteria's actions). So, with
+  `solved_by: agent` (the default, DreamGym's "verified by the world"), a variant also needs the
+  acting agent, given only the instruction, to be judged solved by the world's check in at least
+  one of its attempts (check case "agent attempts"), else its rollouts are filtered by
+  "evolution_check"; `solved_by: writer` keeps the replay alone (trajforge's earlier check). Each
+  variant's record says which ran (`details.evolution.solved_by`).
 - **attempt** — a kept variant is attempted like a seed (rewards from the environment's
   evaluation, or from the sandboxed verifier on each rollout's final state); its rollouts are
   kept only if its mean reward lands in the band again (then it competes for the following
@@ -139,6 +146,9 @@ class CurriculumConfig(EnvMethodConfig):
                                description="the model that writes the evolved tasks; default: the judge model")
     max_solution_chars: int = Field(4000, ge=200, description="the seed's solved transcript shown to the writer")
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits, description="limits of a code check's verifier")
+    solved_by: Literal["agent", "writer"] = Field(
+        "agent", description="agent: a variant is kept only if an attempt of the acting agent, given the instruction, "
+                             "meets its check (DreamGym); writer: the writer's own solution replayed is enough")
 
     @model_validator(mode="after")
     def _code_needs_a_state(self) -> CurriculumConfig:
@@ -454,7 +464,7 @@ class Curriculum(EnvMethod):
             return result
         task, solution = self.variant_task(seed, spec, answer, mode)
         why, checks = await self.check(task, seed, solution, answer)
-        evolution = {"mode": mode, "checks": [c.as_dict() for c in checks],
+        evolution = {"mode": mode, "solved_by": self.config.solved_by, "checks": [c.as_dict() for c in checks],
                      "reason": why or "; ".join(f"{c.case}: {'passes' if c.passed else 'fails'} ({c.reason})"
                                                 for c in checks)}
         if why is not None:
@@ -463,6 +473,18 @@ class Curriculum(EnvMethod):
             return result
         result.counts[f"evolved_{p['direction']}"] += 1
         trajs = await self.attempt(task, spec.id, p["generation"], p["parent"], evolution=evolution)
+        if self.config.solved_by == "agent":
+            solved = [t.details["sample"] for t in trajs if t.success]
+            agent_check = {"case": "agent attempts", "passed": bool(solved),
+                           "reason": f"{len(solved)} of {len(trajs)} attempt(s) of the agent met the task's check"}
+            for t in trajs:
+                t.details["evolution"] = {**evolution, "checks": [*evolution["checks"], agent_check]}
+            if not solved:
+                result.counts[f"evolve_unsolved_{p['direction']}"] += 1
+                for t in trajs:
+                    result.reject(t, "evolution_check", "no attempt of the agent met the task's check: the instruction "
+                                                        "is not shown to ask for what the check checks")
+                return result
         in_band = bool(trajs) and trajs[0].details["curriculum"]["in_band"]
         result.counts["curriculum_in_band" if in_band else "curriculum_out_of_band"] += 1
         if in_band:

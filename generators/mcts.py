@@ -2,12 +2,19 @@
 
 A node holds a checkpoint of the environment after its action (a snapshot where the world can
 copy itself, else the history a fresh episode replays) and the history that led there. One
-iteration: select leaves by UCT (value / visits + c * sqrt(ln N_parent / N)), expand each with
+iteration: select leaves by UCT (value / visits + c * sqrt(ln N_parent / N)) among the children whose
+subtree is still open, expand each with
 `generations` candidate actions drawn in ONE `propose(history, n=generations)` call (parallel
 samples), roll every new child out to the end of its episode with the greedy policy through the
 one episode loop (`continue_episode`), and back-propagate the outcome: the environment's own
 evaluation at the end of every path (done, the depth cap, failed answers), whatever evaluates it
 (goal state, criteria, an LLM judge).
+
+Ended paths, as in Agent-R's `mcts_raw.py` (`best_child` skips terminal children, `update_terminal`):
+a node whose episode ended (done or the depth cap) is backed up with its value once, when it is
+made, and is *closed*: selection never lands on it again, and a node whose children are all
+closed is closed too. No iteration is spent re-counting a known outcome; when the root closes
+(every path of the tree is known) the search stops early (`mcts_exhausted`).
 
 Parallel expansion: the rollouts of one expansion (and, with `leaves_per_iteration > 1`, the
 expansions of several leaves picked under virtual loss) run concurrently (`asyncio.gather`),
@@ -58,6 +65,8 @@ class Node:
     point: Checkpoint
     depth: int = 0  # agent actions from the root
     terminal: bool = False
+    # Nothing left to learn below: the node ended, or every child is closed (Agent-R's `update_terminal`).
+    closed: bool = False
     children: list[Node] = field(default_factory=list)
     visits: int = 0
     value_sum: float = 0.0
@@ -95,7 +104,7 @@ class SearchStats:
     critical_calls: int = 0
     duplicate_samples: int = 0
     unreadable_samples: int = 0
-    revisits: int = 0  # selections that ended on a terminal / depth-capped node
+    exhausted: int = 0  # 1 when the search stopped early: every path of the tree had ended
     replays: int = 0  # restores by replaying a recorded history (worlds that cannot snapshot)
 
     def as_counts(self) -> dict[str, int]:
@@ -172,6 +181,9 @@ class MCTS:
             tree = Tree(task, root, [root], SearchStats())
             for _ in range(self.config.iterations):
                 leaves = self._select_leaves(tree)
+                if not leaves:  # every path has ended: more iterations would only re-count known outcomes
+                    tree.stats.exhausted = 1
+                    break
                 chains = await asyncio.gather(*(self._grow(tree, leaf) for leaf in leaves))
                 tree.stats.iterations += 1
                 tree.stats.critical_calls += max(chains, default=0)
@@ -183,13 +195,17 @@ class MCTS:
     # ---- selection ----------------------------------------------------------------------------
 
     def _select_leaves(self, tree: Tree) -> list[Node]:
-        """Distinct leaves to grow now; virtual visits steer later picks of this round elsewhere."""
+        """Distinct open leaves to grow now (none when the root is closed); virtual visits steer later picks of
+        this round elsewhere. Closed children are never chosen (Agent-R's `best_child` skips terminal ones)."""
         picked: list[Node] = []
         virtual: list[Node] = []
         for _ in range(self.config.leaves_per_iteration):
+            if tree.root.closed:
+                break
             node = tree.root
-            while node.children and not node.terminal:
-                node = max(node.children, key=lambda ch: ch.uct(self.config.c))  # max keeps the first on ties
+            while node.children:
+                node = max((ch for ch in node.children if not ch.closed),
+                           key=lambda ch: ch.uct(self.config.c))  # max keeps the first on ties
             if node in picked:
                 break
             picked.append(node)
@@ -208,10 +224,7 @@ class MCTS:
 
     async def _grow(self, tree: Tree, leaf: Node) -> int:
         """Expand `leaf` and roll out its children concurrently; returns critical-path model calls."""
-        if leaf.terminal or leaf.depth >= self.config.max_depth:
-            tree.stats.revisits += 1
-            self._backprop(leaf, leaf.outcome if leaf.outcome is not None else 0.0)
-            return 0
+        assert not leaf.closed and leaf.depth < self.config.max_depth  # ended nodes are closed when made
         proposals = await self.policy.propose(leaf.history, n=self.config.generations)
         tree.stats.model_calls += 1
         tree.stats.expansions += 1
@@ -236,7 +249,7 @@ class MCTS:
                              terminal=result.done)
                 if child.terminal or child.depth >= self.config.max_depth:
                     # The path ends here: the environment's evaluation is its outcome.
-                    child.terminal = True
+                    child.terminal = child.closed = True
                     child.evaluation = await env.evaluate()
                     child.outcome = child.evaluation.reward
                 tree.nodes.append(child)
@@ -247,6 +260,7 @@ class MCTS:
         calls = await asyncio.gather(*(self._simulate(tree, ch) for ch in children))
         for child in children:
             self._backprop(child, child.outcome or 0.0)
+        self._close(leaf)
         return 1 + max(calls, default=0)
 
     async def _simulate(self, tree: Tree, node: Node) -> int:
@@ -266,6 +280,13 @@ class MCTS:
         tree.stats.model_calls += calls
         tree.stats.env_steps += episode.actions - node.depth
         return calls
+
+    @staticmethod
+    def _close(node: Node | None) -> None:
+        """Close `node` and its ancestors while all their children are closed."""
+        while node is not None and node.children and all(ch.closed for ch in node.children):
+            node.closed = True
+            node = node.parent
 
     @staticmethod
     def _backprop(node: Node | None, value: float) -> None:

@@ -2,8 +2,11 @@
 
 Per environment task: search a tree (`generators.mcts`), read every node's complete path (its
 history plus its greedy rollout; content-identical paths count once), split them into good
-(outcome >= alpha) and bad (below alpha), and match each bad path with the good path that
-shares its longest prefix (outcome gap >= beta). Each match gives:
+(outcome >= alpha) and bad, and match them (`pairing`): `all` (Agent-R's `pair_leaf_paths`,
+the default) pairs every good path with every path whose outcome is lower by at least beta;
+`closest` (trajforge's earlier rule, kept as an option) pairs each bad path (below alpha) with
+the one good path sharing its longest prefix. `max_pairs_per_task` caps the matches (default:
+none, as Agent-R); the records say which rule ran (`details["splice"]["pairing"]`). Each match gives:
 
 - a spliced trajectory: the bad path up to and including the first error and its observation,
   all context with the loss masked as Agent-R masks it (the prefix shared with the good path
@@ -19,7 +22,11 @@ shares its longest prefix (outcome gap >= beta). Each match gives:
   path's own steps, not after the failed segment).
 - preference pairs, both with `prefix_len` = the shared prefix: trajectory level (the two
   complete paths) and step level (IPR / Agent Q: prefix + the next action only). Member
-  trajectories are written too (unique ids), so the DPO exporter can join them.
+  trajectories are written too (unique ids), so the DPO exporter can join them; a step pair's
+  members are no episodes and carry `details["pair_only"]`: SFT and KTO exports leave them out.
+- every fallback (no first error named: the divergence point; an empty model revision: a
+  template) counted (`fallback_<what>`), warned once per run, and recorded on the spliced
+  record (`details["fallbacks"]`), which the export card counts.
 
 Works on every environment: worlds that snapshot branch from copies, the others (MCP servers,
 browsers) by replaying a node's history in a fresh episode (`mcts_replays` counts them). Every
@@ -32,11 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from converters.export.records import FALLBACKS, PAIR_ONLY
 from envs.base import ACTION_KINDS, MASKED_CONTEXT, Evaluation, Task
 from filters import step_judge, step_rules
 from generators._episode import continue_episode, renumber_calls
@@ -46,6 +55,8 @@ from generators.failures import episode_failure
 from generators.mcts import MCTS, SearchConfig, Tree
 from generators.registry import register_method
 from schemas.models import MessageAction, Pair, Rewrite, Step, Trajectory
+
+log = logging.getLogger("trajforge.generators")
 
 REVISION_TEMPLATES = (
     "I realize my previous action was wrong: {reason} Let me go back and take a better approach.",
@@ -78,7 +89,10 @@ class MCTSSpliceConfig(EnvMethodConfig):
     rollout_temperature: float = Field(0.0, description="greedy rollouts")
     alpha: float = Field(0.5, description="a path is good when its outcome >= alpha")
     beta: float = Field(0.2, ge=0, description="good.outcome - bad.outcome must be >= beta")
-    max_pairs_per_task: int = Field(4, ge=0)
+    pairing: Literal["all", "closest"] = Field(
+        "all", description="all: every (good, worse) combination with an outcome gap >= beta (Agent-R's code); "
+                           "closest: each bad path with the good path sharing its longest prefix")
+    max_pairs_per_task: int | None = Field(None, ge=0, description="cap on matches per tree (null: none, as Agent-R)")
     verifier: Literal["llm", "rules", "divergence"] = "llm"
     revision: Literal["template", "model"] = "template"
     trajectory_pairs: bool = True
@@ -131,10 +145,22 @@ def shared_prefix(a: list[Step], b: list[Step]) -> int:
     return k
 
 
-def match_paths(paths: list[SearchPath], alpha: float, beta: float, limit: int) -> list[tuple[SearchPath, SearchPath, int]]:
-    """(good, bad, prefix_len): each bad path with the good path sharing its longest prefix."""
+def match_paths(paths: list[SearchPath], alpha: float, beta: float, limit: int | None,
+                pairing: Literal["all", "closest"] = "all") -> list[tuple[SearchPath, SearchPath, int]]:
+    """(good, bad, prefix_len) matches, at most `limit` (None: all).
+
+    `all`, Agent-R's `pair_leaf_paths`: every good path (outcome >= alpha) with every path whose outcome is lower
+    by at least beta, in path order; `closest`: each bad path (below alpha) with the good path that shares its
+    longest prefix."""
     good = [p for p in paths if p.reward >= alpha]
-    out = []
+    out: list[tuple[SearchPath, SearchPath, int]] = []
+    if pairing == "all":
+        for g in good:
+            for other in paths:
+                k = shared_prefix(g.steps, other.steps)
+                if other is not g and g.reward - other.reward >= beta and k > 0:
+                    out.append((g, other, k))
+        return out if limit is None else out[:limit]
     for bad in (p for p in paths if p.reward < alpha):
         options = [(shared_prefix(g.steps, bad.steps), g) for g in good if g.reward - bad.reward >= beta]
         options = [(k, g) for k, g in options if k > 0]
@@ -142,7 +168,7 @@ def match_paths(paths: list[SearchPath], alpha: float, beta: float, limit: int) 
             continue
         k, g = max(options, key=lambda o: (o[0], o[1].reward, -o[1].node))
         out.append((g, bad, k))
-        if len(out) >= limit:
+        if limit is not None and len(out) >= limit:
             break
     return out
 
@@ -200,6 +226,10 @@ class MCTSSplice(EnvMethod):
              Role("revision writer", "writes the revision thought", (),
                   by_design="the revision is the agent's own thought, trained as its turn"))
 
+    def __init__(self, config: MCTSSpliceConfig, llm: Any) -> None:
+        super().__init__(config, llm)
+        self._warned_fallbacks: set[str] = set()  # each kind of fallback is warned once per run
+
     def roles_in_use(self) -> list[Role]:
         used = {"first-error verifier": self.config.verifier == "llm", "revision writer": self.config.revision == "model"}
         return [r for r in super().roles_in_use() if used.get(r.name, True)]
@@ -228,7 +258,9 @@ class MCTSSplice(EnvMethod):
             written.setdefault(traj.id, traj)
             return written[traj.id]
 
-        matches = match_paths(paths, self.config.alpha, self.config.beta, self.config.max_pairs_per_task)
+        matches = match_paths(paths, self.config.alpha, self.config.beta, self.config.max_pairs_per_task,
+                              self.config.pairing)
+        result.counts[f"pairing_{self.config.pairing}"] += len(matches)
         values: dict[str, asyncio.Future[list[float]]] = {}  # step values by the history they continue
         for good, bad, k in matches:
             g_traj = keep(self._trajectory(task, f"n{good.node}", good.steps, good, "path"))
@@ -239,8 +271,8 @@ class MCTSSplice(EnvMethod):
                 pair = await self._step_pair(task, good, bad, k, values, result)
                 if pair is not None:
                     chosen, rejected, details = pair
-                    cs = keep(self._trajectory(task, f"n{chosen.node}/a{k}", chosen.steps[: k + 1], chosen, "step"))
-                    rs = keep(self._trajectory(task, f"n{rejected.node}/a{k}", rejected.steps[: k + 1], rejected, "step"))
+                    cs = keep(self._member(task, chosen, k))
+                    rs = keep(self._member(task, rejected, k))
                     result.pairs.append(self._pair(task, cs, rs, k, "step", chosen_reward=details["chosen"]["value"],
                                                    rejected_reward=details["rejected"]["value"], step_values=details))
             spliced = await self._splice(task, good, bad, k, b_traj, result)
@@ -252,6 +284,14 @@ class MCTSSplice(EnvMethod):
         result.trajectories.extend(written.values())
         result.counts["spliced"] += sum(1 for t in written.values() if t.details.get("role") == "spliced")
         return result
+
+    def _fallback(self, result: TaskResult, what: str, instead: str) -> None:
+        """Count a fallback from the configured way, and warn the first time this run takes it."""
+        result.counts[f"fallback_{what}"] += 1
+        if what not in self._warned_fallbacks:
+            self._warned_fallbacks.add(what)
+            log.warning("mcts_splice: %s: %s (counted as fallback_%s; each record says so in details.fallbacks)",
+                        what.replace("_", " "), instead, what)
 
     async def _first_error(self, bad: SearchPath, k: int, b_traj: Trajectory) -> tuple[int, str, str]:
         """(error step index, reason, where it came from); falls back to the divergence point."""
@@ -266,31 +306,42 @@ class MCTSSplice(EnvMethod):
                 return index, labels[index].reason, "rules"
         return k, "this path diverged from the successful one here and failed.", "divergence"
 
-    async def _revision(self, task: Task, step: Step, reason: str, node: int) -> str:
+    async def _revision(self, task: Task, step: Step, reason: str, node: int) -> tuple[str, str]:
+        """(the revision thought, who wrote it: "model" or "template")."""
         reason = reason.strip().rstrip(".") + "." if reason.strip() else "it did not help the task."
         if self.config.revision == "model":
             prompt = REVISION_PROMPT.format(task=task.instruction, step=step_judge.describe(step), reason=reason)
             text = (await self.llm.chat([{"role": "user", "content": prompt}], temperature=0.0))[0].text.strip()
             if text:
-                return text
+                return text, "model"
         template = REVISION_TEMPLATES[int(hashlib.sha256(f"{task.id}/{node}".encode()).hexdigest(), 16) % len(REVISION_TEMPLATES)]
-        return template.format(reason=reason)
+        return template.format(reason=reason), "template"
 
     async def _splice(self, task: Task, good: SearchPath, bad: SearchPath, k: int,
                       b_traj: Trajectory, result: TaskResult) -> Trajectory:
         error, reason, source = await self._first_error(bad, k, b_traj)
         result.counts[f"first_error_{source}"] += 1
-        revision = await self._revision(task, bad.steps[error], reason, bad.node)
+        fallbacks: dict[str, str] = {}
+        if source != self.config.verifier:
+            fallbacks["first_error"] = (f"the {self.config.verifier} verifier named no wrong step: the divergence point "
+                                        "is the first error")
+        revision, writer = await self._revision(task, bad.steps[error], reason, bad.node)
+        if writer != self.config.revision:
+            fallbacks["revision"] = "the model's revision was empty: a template revision was spliced in"
+        for what, instead in fallbacks.items():
+            self._fallback(result, what, instead)
         steps, masked = splice(k, bad.steps, good.steps, error, revision)
         traj = self._trajectory(task, f"n{bad.node}+n{good.node}/spliced", steps, good, "spliced")
         revision_index = masked[-1] + 1
         traj.details["splice"] = {"prefix_len": k, "first_error": error, "error_source": source, "reason": reason,
                                   "masked": masked, "revision_index": revision_index, "bad_node": bad.node,
-                                  "good_node": good.node}
+                                  "good_node": good.node, "pairing": self.config.pairing, "revision_writer": writer}
+        if fallbacks:
+            traj.details[FALLBACKS] = fallbacks
         continued = [i for i in range(revision_index + 1, len(steps)) if steps[i].kind in ACTION_KINDS]
         traj.details["rewrites"] = [
             Rewrite(steps=[revision_index], kind="written",
-                    reason=f"the revision thought ({self.config.revision}), spliced in").model_dump(),
+                    reason=f"the revision thought ({writer}), spliced in").model_dump(),
             Rewrite(steps=continued, kind="context",
                     reason=f"the good path's continuation, answered after step {k} of that path, here after the "
                            "masked failed segment and the revision").model_dump()]
@@ -302,6 +353,14 @@ class MCTSSplice(EnvMethod):
         node = int(key.split("/")[0].split("+")[0][1:])
         return self.trajectory(task, f"/{key}", steps, evaluation, role=role, node=node)
 
+    def _member(self, task: Task, path: SearchPath, k: int) -> Trajectory:
+        """A step pair's side: the shared prefix + the path's action at `k`. It is no episode (its outcome is the
+        whole path's), so it is marked a pair member only: per-record exports (SFT, KTO) leave it out, and the
+        good path's prefix is not trained again as an extra copy."""
+        traj = self._trajectory(task, f"n{path.node}/a{k}", path.steps[: k + 1], path, "step")
+        traj.details[PAIR_ONLY] = True
+        return traj
+
     def _pair(self, task: Task, chosen: Trajectory, rejected: Trajectory, k: int, level: Literal["trajectory", "step"],
               chosen_reward: float | None = None, rejected_reward: float | None = None, **details: Any) -> Pair:
         good, bad = chosen.details["node"], rejected.details["node"]
@@ -311,7 +370,7 @@ class MCTSSplice(EnvMethod):
             chosen_reward=chosen.reward if chosen_reward is None else chosen_reward,
             rejected_reward=rejected.reward if rejected_reward is None else rejected_reward,
             provenance=self.provenance(task.id, parents=[chosen.id, rejected.id], seed=task.seed),
-            details=details,
+            details={"pairing": self.config.pairing, **details},
         )
 
     # ---- IPR: Monte Carlo step rewards ------------------------------------------------------------

@@ -10,8 +10,11 @@ task in `details["task"]`):
    (`teacher.llm`, default the judge model) reviews each action with what the world answered.
 2. **correct** — at the first action the teacher calls wrong, the world is put back to the state
    before it (snapshot restore, or a replay of the history), and the trajectory records the
-   wrong action and its observation (train = false, label bad, the teacher's reason in
-   `extra["teacher_reason"]`), the teacher's reflection (an assistant thought, a `MessageAction`
+   wrong action (train = false, label bad, the teacher's reason in `extra["teacher_reason"]`)
+   answered by a note that it was not carried out (`UNDONE`, train = false, `extra["undone"]`):
+   the world no longer holds its effect, so its real observation (a cancel that succeeded) would
+   contradict everything after it; that observation is kept for audit in the correction's
+   `undone_observation` only, never in the context. Then the teacher's reflection (an assistant thought, a `MessageAction`
    tagged `extra["kind"] = "revision"`), and the teacher's corrected action, taken in the world.
 3. **continue** — the greedy agent goes on from there, still under review: each later wrong step
    is corrected the same way, up to `max_corrections`; after that the agent continues alone.
@@ -66,6 +69,19 @@ REVIEW_USER = (
     "REVIEW THE AGENT'S STEP\nTask: {task}\n\nConversation so far (agent steps are numbered):\n{history}\n\n"
     "The step to review:\n{step}\n\nWhat it produced:\n{observation}"
 )
+
+
+# What answers a wrong action in the record: the world was put back to the state before it.
+UNDONE = ("(Not carried out: this action was stopped as wrong and the world was put back to the state before it; "
+          "nothing it did holds.)")
+
+
+def undone_observation(observation: Step) -> TextObservation:
+    """The note that replaces a wrong action's observation once the world is restored (same speaker and call id)."""
+    source = getattr(observation, "source", "environment")
+    return TextObservation(content=UNDONE, source=source if source in ("user", "environment") else "environment",
+                           name=getattr(observation, "name", None), tool_call_id=observation.tool_call_id,
+                           train=False, extra={"undone": True})
 
 
 class CorrectedAction(BaseModel):
@@ -178,11 +194,12 @@ class TeacherReview:
         self.proposer.deviated = True
         wrong = [action.model_copy(update={"train": False, "label": "bad",
                                            "extra": {**action.extra, "teacher_reason": verdict.reason}}),
-                 observation.model_copy(update={"train": False})]
+                 undone_observation(observation)]
         reflection = MessageAction(content=verdict.reflection.strip(), extra={"kind": "revision"})
         fixed, fixed_observation, result = await act(env, verdict.action.action(), index + 3)
         self.corrections.append({"wrong_step": index, "reason": verdict.reason, "source": self.proposer.source,
                                  "reflection_step": index + 2, "corrected_step": index + 3,
+                                 "undone_observation": step_judge.describe(observation),
                                  **({"refused": str(result.info["error"])} if result.info.get("error") else {})})
         return Correction([*wrong, reflection, fixed, fixed_observation], result)
 

@@ -21,7 +21,10 @@ Per task (one challenge each, id `challenge-NNNN`):
      they run twice: different results mean they are not read-only (or not deterministic), and
      the task is rejected.
    The challenge is kept only if the solution's calls all succeed and `verify` returns exactly
-   `True` for it, and returns anything but `True` for every failure case. Otherwise it is filtered
+   `True` for it, and returns anything but `True` for every failure case. A failure case whose
+   state call fails (it reads a file the wrong solution never wrote) is "not done", as the paper's
+   check wants, recorded with the reason (`details.checks`: `passed: false`, `error`); only after
+   the solution must every state call succeed. Otherwise it is filtered
    by "challenge_check" with the precise reason: "solution call failed: ...", "state call N ...
    failed: ...", "state calls are not read-only: ...", "verifier rejected: ..." (static policy,
    below), "verifier crashed: ...", "sandbox: timeout: ..." (wall or CPU limit; also "sandbox:
@@ -34,8 +37,9 @@ Per task (one challenge each, id `challenge-NNNN`):
 4. **dedup** — a valid task whose instruction near-duplicates a kept one (equal normalized words,
    or MinHash Jaccard of word 3-grams >= `dedup_threshold`; earlier runs' tasks count) is filtered
    by "dedup" with the kept task's id and the similarity (`counts.challenges_duplicate`).
-5. **rollout** — the agent (`self.policy()`, with the world's policy) attempts each kept task
-   `rollouts` times; after each episode the state is read the same way and scored by the task's
+5. **rollout** — the agent (`self.policy(draw=k)`, with the world's policy) attempts each kept task
+   `rollouts` times, attempt k being draw k of the agent (sampling seed `seed + k`: its own cache
+   entries, under the same prompt, so no attempt marker reaches a trained prompt); after each episode the state is read the same way and scored by the task's
    verifier in the sandbox (reward 1.0 only when it returns exactly True, else 0.0; a sandbox or
    state-read failure scores 0 with its reason).
 
@@ -546,8 +550,9 @@ class SelfChallenging(EnvMethod):
         for n, case in enumerate(challenge.failure_cases, 1):
             # Refused calls are fine: the state stays unchanged.
             _, case_state, _, problem = await self._execute(case, task, challenge)
-            if problem is not None:
-                return f"{problem} (after failure case {n})", checks, steps
+            if problem is not None:  # the state the task asks for cannot even be read: not done
+                checks.append({"case": f"failure {n}", **Verdict(passed=False, error=f"not done: {problem}").model_dump()})
+                continue
             v = await self.verify(challenge.verifier, case_state)
             checks.append({"case": f"failure {n}", **v.model_dump()})
             if v.error:
@@ -574,12 +579,13 @@ class SelfChallenging(EnvMethod):
             raise
 
     async def _rollouts(self, env_task: Task, challenge: Challenge, record: dict[str, Any], result: TaskResult) -> None:
-        policy = self.policy()
         for k in range(self.config.rollouts):
-            # Later attempts vary the prompt, so cached samples are not simply repeated.
-            guidance = None if k == 0 else f"(Attempt {k + 1}.)"
+            # Attempt k is draw k of the agent (its own sampling seed, so its own cache entries): the prompt, the
+            # one a trainer sees, stays the task's.
+            # A simulated user sees the draw too (as curriculum's attempts), so its answers are its own as well.
+            attempt = env_task.model_copy(update={"params": {**env_task.params, "sample": k}}) if k else env_task
             async with self.make_env() as env:
-                episode = await play_episode(env, policy, env_task, max_steps=self.config.max_steps, guidance=guidance,
+                episode = await play_episode(env, self.policy(draw=k), attempt, max_steps=self.config.max_steps,
                                              max_parse_failures=self.config.max_parse_failures, evaluate=False)
                 state, problem = await self._read_state(env, challenge)
             verdict = Verdict(passed=False, error=problem) if problem else await self.verify(challenge.verifier, state)

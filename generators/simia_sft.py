@@ -19,7 +19,8 @@ render settings (no request was sent), so exporters give it the full-history lay
 config (`policy` text or `policy_file`), else each seed's own system text (the paper's policy is the seed's
 system prompt: a seed of another domain keeps its rules), else the environment's (`env`: its policy, e.g.
 an MCP env config's). A seed whose episode failed (`success` false, e.g. a rollout kept with
-`keep_failed`) is not used: it shows how not to do the task. The tools come from `tools_file` (JSON / JSONL of tool
+`keep_failed`) is not used: it shows how not to do the task; nor is one whose simulated user broke the
+episode (`details.user_fidelity.ok` false): its conversation is one no real user has. Both are counted. The tools come from `tools_file` (JSON / JSONL of tool
 declarations), else the environment (`env` + `env_config`: an MCP server lists its tools), else the
 seed's own tools; converted ADP data has none, so it needs one of the first two. Each output records
 where its tools and policy came from (`details.tools_source`, `details.policy_source`) and the
@@ -118,6 +119,12 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _user_broke(seed: Trajectory) -> bool:
+    """Whether the seed's user-fidelity check found a broken user turn (`details.user_fidelity.ok` false)."""
+    fidelity = seed.details.get("user_fidelity")
+    return isinstance(fidelity, dict) and fidelity.get("ok") is False
+
+
 @register_method
 class SimiaSFT(GenerationMethod):
     """Simia-SFT: one model call writes a whole new tool-use trajectory from a pre-filtered seed."""
@@ -136,6 +143,7 @@ class SimiaSFT(GenerationMethod):
         self._seeds: list[Trajectory] | None = None
         self._skipped_seeds = 0
         self._failed_seeds = 0
+        self._broken_user_seeds = 0
         self._env_policy: str | None = None
         self._seen: set[str] = set()
         # Tools and policy shared by every seed (from a file, the config or an environment), with their source.
@@ -150,6 +158,11 @@ class SimiaSFT(GenerationMethod):
             loaded = load_seeds(self.config.seeds)
             usable = [s for s in loaded if s.success is not False]  # a failed episode is no example to follow
             self._failed_seeds = len(loaded) - len(usable)
+            # An episode whose simulated user broke (flipped roles, leaked its scenario, invented facts) shows a
+            # conversation no real user has: the synthesis would copy it.
+            fine = [s for s in usable if not _user_broke(s)]
+            self._broken_user_seeds = len(usable) - len(fine)
+            usable = fine
             seeds = [s for s in usable if any(step.kind == "api" for step in s.steps)]
             self._skipped_seeds = len(usable) - len(seeds)
             if self.config.max_seeds is not None:
@@ -210,6 +223,8 @@ class SimiaSFT(GenerationMethod):
             summary.report["seeds without tool calls (not used)"] = self._skipped_seeds
         if self._failed_seeds:
             summary.report["seeds whose episode failed (not used)"] = self._failed_seeds
+        if self._broken_user_seeds:
+            summary.report["seeds whose simulated user broke the episode (not used)"] = self._broken_user_seeds
         return summary
 
     # ---- pre-filter -----------------------------------------------------------------------------

@@ -5,6 +5,11 @@ Input: a dataset directory (`input`); one task per trajectory id; output: the sa
 `extra["judge_reason"]`. The labeler is the LLM step judge (`filters.step_judge`, on the judge
 model), the rules (`filters.step_rules`), or both (`verifier: both`; `labels_from` picks whose
 label is written, the other's goes to `extra["rule_label"]` / `extra["llm_label"]` with its reason).
+Ground truth wins: where a step has a ground-truth label (`replay`, `reference`, below), that label
+is written whatever `verifier` and `labels_from` say, and the judge's goes to `extra["llm_label"]`;
+a judge's label is written only where no ground truth exists. Each labelled step says whose label
+it carries (`extra["judge"]`: `replay`, `reference`, `llm` or `rules`), and the trajectory counts
+them (`details["step_verify"]["label_sources"]`; run counts `labels_from_<source>`).
 
 The judge sees the rules the agent followed: `policy` from the config, else the trajectory's own
 system turn, else the policy of the environment it recorded (`details.env`, rebuilt from its
@@ -56,7 +61,8 @@ class StepVerifyConfig(MethodConfig):
     method: Literal["step_verify"] = "step_verify"
     input: str = Field(description="dataset directory of trajectories to label")
     verifier: Literal["llm", "rules", "both"] = Field("both", description="who labels: the LLM judge, the rules, or both")
-    labels_from: Literal["llm", "rules"] = Field("llm", description="whose label is written when verifier = both")
+    labels_from: Literal["llm", "rules"] = Field("llm", description="whose label is written when verifier = both, "
+                                                                   "where no ground-truth label exists (it wins)")
     ground_truth: bool = Field(True, description="measure the judge against ground-truth labels (replay, reference "
                                                  "actions) where a trajectory has them, also with verifier = llm")
     read_only_tools: list[str] | None = Field(None, description="tools that only read, for reference-action labels "
@@ -181,20 +187,33 @@ class StepVerify(GenerationMethod):
             if verifier != "llm" or found.ground_truth:
                 reference = found
         rule_labels = {i: (r.label, r.reason) for i, r in reference.labels.items()} if reference and verifier != "llm" else {}
+        # Ground truth (a replay of the world, reference actions) wins over a judge wherever both label a step.
+        truth = ({i: (r.label, r.reason) for i, r in reference.labels.items()}
+                 if reference is not None and reference.ground_truth else {})
         llm_first = verifier == "llm" or (verifier == "both" and self.config.labels_from == "llm")
         primary, other = (llm_labels, rule_labels) if llm_first else (rule_labels, llm_labels)
-        primary_name, other_name = ("llm", "rule") if llm_first else ("rules", "llm")
+        primary_name, other_name = ("llm", "rules") if llm_first else ("rules", "llm")
+        sources: Counter[str] = Counter()
         for i in indices:
             step = traj.steps[i]
-            chosen = primary.get(i) or other.get(i)
+            if i in truth:
+                assert reference is not None
+                chosen, source = truth[i], reference.source
+            else:
+                chosen, source = (primary[i], primary_name) if i in primary else (other.get(i), other_name)
             if chosen is not None:
                 step.label, step.extra["judge_reason"] = chosen[0], chosen[1]  # type: ignore[assignment]
-                step.extra["judge"] = primary_name if i in primary else other_name
+                step.extra["judge"] = source
+                sources[source] += 1
                 result.counts[f"steps_{chosen[0]}"] += 1
+                result.counts[f"labels_from_{source}"] += 1
             else:
                 result.counts["steps_unlabeled"] += 1
-            if i in other and verifier == "both":
-                step.extra[f"{other_name}_label"], step.extra[f"{other_name}_reason"] = other[i]
+            # The labels not written, kept beside the one that is.
+            if i in llm_labels and source != "llm":
+                step.extra["llm_label"], step.extra["llm_reason"] = llm_labels[i]
+            if i in rule_labels and i not in truth and source != "rules":
+                step.extra["rule_label"], step.extra["rule_reason"] = rule_labels[i]
             if verifier == "llm" and reference is not None and i in reference.labels:
                 step.extra["truth_label"], step.extra["truth_reason"] = reference.labels[i].label, reference.labels[i].reason
         if llm_labels and reference is not None:
@@ -203,6 +222,7 @@ class StepVerify(GenerationMethod):
             result.counts.update({f"judge_{reference.source}_{k}": v for k, v in cells.items()})
             traj.details["step_verify"] = {"reference": reference.source, "ground_truth": reference.ground_truth,
                                            **step_judge.agreement(cells)}
+        traj.details.setdefault("step_verify", {})["label_sources"] = dict(sorted(sources.items()))
         traj.provenance.parent_ids = list(dict.fromkeys([*traj.provenance.parent_ids, traj.id]))
         result.trajectories.append(traj)
         return result

@@ -22,18 +22,23 @@ pages (`browser`: real pages in Chromium; `simulated` in web mode; the `web` sho
    one episode loop until the episode ends or `max_steps`. A MiniWoB page is seeded (`seed` + the
    replay index) and gives its own reward; other pages have no check of their own.
 5. **judge**: the judge model (`judge.llm`) sees, as AgentTrek's evaluator, the task, the tutorial's
-   expected outcome and the whole replay: every agent step (reasoning and action) with the page it
-   led to (URL, screenshot path, accessibility tree cut at `max_step_page_chars`), the agent's final
-   answer and the final page in full; with `judge.vision` the screenshots of the replay go along in
-   order (up to `max_judge_images`, see `filters.vision`). It answers `{reason, success}`.
+   expected outcome and what the world showed in the replay: every agent action (without its thoughts,
+   `filters.world_view`; `judge.self_report: true` adds them) with the page it led to (URL, screenshot
+   path, accessibility tree cut at `max_step_page_chars`), the agent's final answer and the final page in
+   full; with `judge.vision` the screenshots of the replay go along in order (up to `max_judge_images`,
+   see `filters.vision`). It answers `{reason, success}`.
 6. **keep**: `success` comes from the environment's own check where the task has one (MiniWoB's
    reward; `success_from: env`, the default) and from the judge otherwise (or always, with
    `success_from: judge`); their agreement is recorded and counted. An unsuccessful replay is
    filtered by "outcome" with the reason (`keep_failed` keeps it).
 
-The trajectory's steps are the episode: the agent's system prompt with the spec as guidance (what
-the agent saw, so exports rebuild its requests exactly), the goal as the user's request, the pages,
-the actions; the tutorial, classifier verdict, spec and judge verdict live in `details`. A tutorial
+The trajectory's steps are the episode: the agent's system prompt, the goal as the user's request, the
+pages, the actions. The agent replayed with the spec in its system prompt, but the trained agent will act
+from the goal alone: by default (`train_prompt: goal`) the record's system prompt is the agent's own
+without the tutorial, the prompt it replayed with is kept in `details.replay_prompt`, and the actions are
+declared `context` rewrites (answered to another prompt); `train_prompt: replay` keeps the replay's
+prompt. Replay k is the agent's draw k (its own sampling seed); no attempt marker enters the prompt. The
+tutorial, classifier verdict, spec and judge verdict live in `details`. A tutorial
 dropped before any replay is recorded in `filtered/` with its text, so nothing vanishes.
 """
 
@@ -56,7 +61,8 @@ from generators.base import Role, RoleModel, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.registry import register_method
-from schemas.models import Step, TextObservation, Trajectory, WebObservation
+from filters.world_view import SELF_REPORT, WORLD, judged_steps
+from schemas.models import Rewrite, Step, TextObservation, Trajectory, WebObservation, is_system_step
 from schemas.store import Dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,12 +91,12 @@ GUIDANCE = (
     "A tutorial for {site} describes how to do this task. Follow it step by step, adapting to what the "
     "pages show.\nGoal: {goal}\nPrerequisites:\n{prerequisites}\nSteps:\n{steps}\nExpected outcome: {expected_outcome}"
 )
-ATTEMPT = "(Attempt {n}.)"
 JUDGE_SYSTEM = (
     "You judge whether a web agent accomplished a task it learned from a tutorial. You see the task, the "
-    "outcome the tutorial expects and the whole replay: every step of the agent (its reasoning and its "
-    "action) with the page it led to (URL, screenshot path, accessibility tree; the screenshots themselves, "
-    "in order, when attached), its final answer, and the final page in full. Judge by what the replay shows. "
+    "outcome the tutorial expects and the whole replay: every action of the agent with the page it led to "
+    "(URL, screenshot path, accessibility tree; the screenshots themselves, in order, when attached), its final "
+    "answer, and the final page in full. Judge by what the pages show: what the agent says counts only where "
+    "the pages confirm it. "
     "Answer with a JSON object {\"reason\": str, \"success\": bool}: success is true only if the task was done."
 )
 JUDGE_USER = (
@@ -144,6 +150,10 @@ class TutorialReplayConfig(EnvMethodConfig):
     success_from: Literal["env", "judge"] = Field(
         "env", description="env: the environment's own check decides where the task has one, else the judge")
     keep_failed: bool = False
+    train_prompt: Literal["goal", "replay"] = Field(
+        "goal", description="goal: the record's system prompt is the agent's own, without the tutorial (the trained "
+                            "agent acts from the goal alone; the prompt it replayed with is kept in "
+                            "details.replay_prompt and the rewrite declared); replay: the prompt it replayed with")
     teacher: RoleModel = Field(default_factory=RoleModel, description="the model that classifies tutorials and writes "
                                                                       "their specs; default: the judge model")
     max_log_chars: int = Field(6000, ge=500, description="of the replay's steps the judge reads (their end)")
@@ -281,7 +291,7 @@ class TutorialReplay(EnvMethod):
     name = "tutorial_replay"
     Config = TutorialReplayConfig
     templates = (CLASSIFY_SYSTEM, CLASSIFY_USER, SPEC_SYSTEM, SPEC_START_PAGES, SPEC_START_MINIWOB, SPEC_USER,
-                 GUIDANCE, ATTEMPT, JUDGE_SYSTEM, JUDGE_USER)
+                 GUIDANCE, JUDGE_SYSTEM, JUDGE_USER)
     uses_task_source: ClassVar[bool] = False
     config: TutorialReplayConfig
     roles = (Role("classifier", "keeps the tutorials and names their sites", ("teacher", "judge")),
@@ -379,11 +389,11 @@ class TutorialReplay(EnvMethod):
                             metadata={"source": SOURCE, "tutorial": task.id, "site": site.name})
             try:
                 async with self.make_env() as env:
-                    # A replay index beyond the first varies the prompt, so cached samples are not repeated.
+                    # Replay k is the agent's draw k (its own sampling seed, so no cached answer is repeated):
+                    # nothing in its prompt says which replay it is.
                     episode = await play_episode(
-                        env, self.policy(), env_task, max_steps=self.config.max_steps,
-                        max_parse_failures=self.config.max_parse_failures,
-                        guidance=guidance if k == 0 else f"{guidance}\n{ATTEMPT.format(n=k + 1)}",
+                        env, self.policy(draw=k), env_task, max_steps=self.config.max_steps,
+                        max_parse_failures=self.config.max_parse_failures, guidance=guidance,
                         evaluate=bool(env_task.goal))  # only tasks with a check of their own are evaluated
             except Exception as exc:  # noqa: BLE001 - classified and quarantined; the other replays go on
                 stage, error = episode_failure(exc)
@@ -394,7 +404,9 @@ class TutorialReplay(EnvMethod):
 
     async def _judge(self, task: Task, spec: TaskSpecification, steps: list[Step], result: TaskResult) -> Any:
         page = next((s for s in reversed(steps) if isinstance(s, WebObservation)), None)
-        log = numbered_path(steps, self.config.max_step_page_chars) or "(no step)"
+        # What the world showed: the actions and the pages, not the agent's thoughts (unless judge.self_report).
+        seen, _ = judged_steps(steps, self.config.judge.self_report)
+        log = numbered_path(seen, self.config.max_step_page_chars) or "(no step)"
         prompt = JUDGE_USER.format(
             instruction=task.instruction, expected_outcome=spec.expected_outcome or "(not stated)",
             log=cut_head(log, self.config.max_log_chars), answer=final_answer(steps) or "(none)",
@@ -402,24 +414,42 @@ class TutorialReplay(EnvMethod):
         shots = screenshots(steps, self.config.max_judge_images)
         return await self.images.ask(self.judge_llm, JUDGE_SYSTEM, prompt, shots, JudgeVerdict, result.counts)
 
+    def _goal_alone(self, steps: list[Step]) -> tuple[list[Step], str, list[dict[str, Any]]]:
+        """The replay with the agent's own system prompt (no tutorial) as its first step, the prompt it replayed
+        with, and the declared rewrite: the trained agent will act from the goal alone, so its rows must not be
+        conditioned on the tutorial's steps."""
+        replayed = steps[0].content if steps and is_system_step(steps[0]) else ""
+        out = [self.policy().system_step(None), *(steps[1:] if replayed else steps)]
+        actions = [i for i, s in enumerate(out) if s.kind in ("api", "code", "message")]
+        rewrite = Rewrite(steps=actions, kind="context",
+                          reason="the agent chose these actions with the tutorial's steps in its system prompt "
+                                 "(details.replay_prompt); the record's system prompt is the goal's alone, as "
+                                 "the trained agent will act") if actions else None
+        return out, replayed, [rewrite.model_dump()] if rewrite is not None else []
+
     async def _judge_and_keep(self, tutorial: TaskSpec, k: int, task: Task, spec: TaskSpecification, episode: Episode,
                               found: dict[str, Any], result: TaskResult) -> None:
         verdict = await self._judge(task, spec, episode.steps, result)
         env_eval = episode.evaluation  # None: the task has no check of its own
         details = {"tutorial": {"id": tutorial.id, "title": tutorial.payload["title"]}, **found, "replay": k,
                    **episode.details()}
+        steps = episode.steps
+        if self.config.train_prompt == "goal":
+            steps, details["replay_prompt"], details["rewrites"] = self._goal_alone(steps)
+        details["train_prompt"] = self.config.train_prompt
         if verdict is None:
-            trajectory = self.trajectory(task, f"#{k}", episode.steps, env_eval, judge=None, **details)
+            trajectory = self.trajectory(task, f"#{k}", steps, env_eval, judge=None, **details)
             result.reject(trajectory, "judge", f"no verdict: the judge gave no valid answer "
                                                f"in {self.judge_llm.config.structured_attempts} attempts")
             return
         judged = Evaluation.of(1.0 if verdict.success else 0.0, f"judge: {verdict.reason}")
         use_env = env_eval is not None and self.config.success_from == "env"
-        judge = {"reason": verdict.reason, "success": verdict.success, "model": self.judge_name}
+        judge = {"reason": verdict.reason, "success": verdict.success, "model": self.judge_name,
+                 "reads": SELF_REPORT if self.config.judge.self_report else WORLD}
         if env_eval is not None:
             judge["agrees_with_env"] = verdict.success == env_eval.success
             result.counts["judge_agrees_with_env" if judge["agrees_with_env"] else "judge_disagrees_with_env"] += 1
-        trajectory = self.trajectory(task, f"#{k}", episode.steps, env_eval if use_env else judged, judge=judge,
+        trajectory = self.trajectory(task, f"#{k}", steps, env_eval if use_env else judged, judge=judge,
                                      success_source="env" if use_env else "judge", **details)
         if env_eval is not None and not use_env:
             trajectory.details["env_evaluation"] = env_eval.as_dict()

@@ -1,9 +1,16 @@
-"""UI-Simulator / UI-Simulator-Grow: propose web tasks from what the site shows, roll them out, judge, relabel, grow.
+"""UI-Simulator / UI-Simulator-Grow: the teacher explores a (simulated) site; its wrapped explorations are the data.
 
-One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in the browser
+One method task per round (`rounds`; id `round-NNNN`), on real pages in the browser
 (`env: browser`), in the `web` shop, or in the simulated web env (`env: simulated`,
 `env_config: {mode: web, policy: <site description>}`, optionally seeded with real pages:
-`real_states`):
+`real_states`). Two loops (`loop`, recorded in `details.loop`):
+
+- `wrap` (default, the paper's): step 1 with the teacher, then the **trajectory wrapper** (the
+  relabeller role) writes the task the exploration's steps accomplish, a thought per action and the
+  final answer (`{instruction, thoughts, answer}`); the record is the agent's system prompt, that
+  request, the pages and the teacher's actions with the written thoughts, then the answer, every
+  action declared written. With `judge_wrapped` the judge checks it from the pages (step 4).
+- `propose` (PAE-style): steps 1-6 below.
 
 1. **explore** — reset the env on a page to explore from (`start_urls` in turn; else the task
    source's tasks; else the env's generator) and take `walk_steps` exploring actions: the teacher
@@ -18,12 +25,13 @@ One method task per proposal round (`rounds`; id `round-NNNN`), on real pages in
    agent's actions and proposes `tasks_per_round` tasks (structured: `{instruction,
    expected_outcome}`); no valid answer quarantines the round (stage "propose").
 3. **rollout** — the agent (`AgentPolicy`) attempts each task up to `attempts` times
-   (attempt k > 0 marks its prompt, so each is its own cache entry); a task is **dropped**
+   (attempt k is the agent's draw k: its own sampling seed and cache entry); a task is **dropped**
    after `max_failures` failed attempts (counted in `dropped_tasks` and per failure reason).
 4. **judge** — the judge model judges each attempt (structured `{reasoning, success}`) against the
-   instruction and the expected outcome, reading every step with the page it led to and, with
-   `judge.vision`, the pages' screenshots. Failed attempts are filtered by "completion" with the
-   reason ("unsuccessful: ...", "no verdict: ...", "max_parse_failures: ...") unless `keep_failed`.
+   instruction and the expected outcome, reading every action (not the agent's thoughts, unless
+   `judge.self_report`) with the page it led to and, with `judge.vision`, the pages' screenshots.
+   Failed attempts are filtered by "completion" with the reason ("unsuccessful: ...", "no verdict:
+   ...", "max_parse_failures: ...") unless `keep_failed`.
 5. **rewrite** — retrospective relabeling: the relabeller rewrites the instruction to match what
    the trajectory actually did and each action's thought to reason toward it (structured
    `{instruction, thoughts}`, one thought per action, as the paper's trajectory wrapper); the
@@ -55,7 +63,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Literal
+from typing import Any, ClassVar, Iterable, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, Field, create_model, model_validator
@@ -69,18 +77,18 @@ from envs.simulated.env import SimulationError
 from envs.simulated.real_states import StateStore, states_from_steps
 from envs.tasks import MAX_TASKS
 from filters.step_judge import cut_head, numbered_path, screenshots
+from filters.world_view import ACTION_KINDS, SELF_REPORT, WORLD, judged_steps
 from filters.vision import PageImages
 from generators import explorer
-from generators._episode import Episode, play_episode
+from generators._episode import Episode, opened, play_episode
 from generators.base import Role, RoleModel, RunSummary, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.page_walk import random_action
 from generators.registry import register_method
-from generators.rollout import ATTEMPT
 from generators.student import trajectory_loss
 from generators.transcript import tools_block
 from schemas.models import Rewrite as StepRewrite
-from schemas.models import Step, TextObservation, Trajectory, WebObservation
+from schemas.models import MessageAction, Step, TextObservation, Trajectory, WebObservation
 from schemas.store import Dataset
 
 log = logging.getLogger("trajforge.generators")
@@ -94,8 +102,9 @@ PROPOSE_SYSTEM = (
 PROPOSE_USER = "PROPOSE TASKS (round {round}): write {n} tasks.\nAgent actions (JSON, one per line):\n{tools}\n\nPages seen:\n{pages}"
 JUDGE_SYSTEM = (
     "You judge whether a web agent completed a task. You see the task, its expected outcome and the "
-    "transcript: every agent step (its thought and action, numbered) with the page it led to (URL, screenshot "
-    "path, accessibility tree; the screenshots themselves, in order, when attached). Answer with a JSON object "
+    "transcript: every agent action (numbered) with the page it led to (URL, screenshot path, accessibility "
+    "tree; the screenshots themselves, in order, when attached). Judge by what the pages show: what the agent "
+    "says it did counts only where the pages confirm it. Answer with a JSON object "
     '{"reasoning": str, "success": bool}: success only if the transcript shows the expected outcome reached.'
 )
 JUDGE_USER = "JUDGE TASK COMPLETION\nTask: {instruction}\nExpected outcome: {expected}\n\nTranscript:\n{transcript}"
@@ -107,6 +116,17 @@ REWRITE_SYSTEM = (
     'task. Answer with a JSON object {"instruction": str, "thoughts": [str, ...]}, one thought per agent step.'
 )
 REWRITE_USER = "REWRITE INSTRUCTION\nOriginal task: {instruction}\nAgent steps: {n}\n\nTranscript:\n{transcript}"
+WRAP_SYSTEM = (
+    "You are the trajectory wrapper of a web-agent data pipeline. A teacher explored a web site step by step, "
+    "steered by guides (short tasks for the next few steps); you see the guides and its numbered steps, each "
+    "with the page it led to. Write the task a user would ask an agent for that exactly these steps accomplish "
+    "(the user's voice, one or two sentences, with the concrete values the steps used; do not mention guides, "
+    "exploring or the agent), for every numbered step, in order, the thought an agent doing that task would "
+    "have before it (what the page shows and why this action moves the task on), and the agent's final answer "
+    "to the user (what was done, or the information asked for, as the pages show it). Answer with a JSON object "
+    '{"instruction": str, "thoughts": [str, ...], "answer": str}, one thought per numbered step.'
+)
+WRAP_USER = "WRAP TRAJECTORY\nGuides:\n{guides}\nAgent steps: {n}\n\nTranscript:\n{transcript}"
 PROPOSE_EXPLORED = "\n\nWhat the explorer did (guide: its steps):\n{guides}"
 VARIANT_SYSTEM = (
     "You grow a curriculum of web tasks. Given a task the agent solves only sometimes, write variants on the "
@@ -139,9 +159,18 @@ class Rewrite(BaseModel):
     thoughts: list[str]
 
 
-def rewrite_model(n: int) -> type[Rewrite]:
-    """The relabeller's answer for a trajectory of `n` agent steps: exactly one thought per step."""
-    return create_model("Rewrite", __base__=Rewrite,  # type: ignore[call-overload, no-any-return]
+class Wrapped(Rewrite):
+    """The trajectory wrapper's answer: the relabeller's, and the agent's final answer to the user."""
+
+    answer: str
+
+
+RewriteT = TypeVar("RewriteT", bound=Rewrite)
+
+
+def one_thought_each(answer: type[RewriteT], n: int) -> type[RewriteT]:
+    """`answer` (the relabeller's or the wrapper's) for a trajectory of `n` actions: exactly one thought per action."""
+    return create_model(answer.__name__, __base__=answer,  # type: ignore[call-overload, no-any-return]
                         thoughts=(list[str], Field(min_length=n, max_length=n)))
 
 
@@ -159,6 +188,13 @@ class UISimulatorConfig(EnvMethodConfig):
     method: Literal["ui_simulator"] = "ui_simulator"
     requires: ClassVar[frozenset[str]] = frozenset({"pages"})
     env: str = Field("web", description="web, or simulated with env_config.mode = web")
+    loop: Literal["wrap", "propose"] = Field(
+        "wrap", description="wrap: the paper's loop: the teacher explores with step-wise task control and the "
+                            "trajectory wrapper turns each exploration into a training trajectory; propose: a "
+                            "PAE-style loop: tasks proposed from the exploration, attempted by the agent, judged, "
+                            "relabelled")
+    judge_wrapped: bool = Field(True, description="wrap: the judge checks each wrapped trajectory against its "
+                                                  "instruction (from the pages); failed ones are filtered")
     rounds: int = Field(2, ge=1, le=MAX_TASKS, description="proposal rounds (the method's tasks)")
     tasks_per_round: int = Field(3, ge=1, le=MAX_TASKS, description="tasks proposed per round")
     walk_steps: int = Field(2, ge=0, description="exploring actions (clicks, typing, choices) before proposing")
@@ -207,6 +243,12 @@ class UISimulatorConfig(EnvMethodConfig):
             self.start_urls = ["/"]
         if self.band_low > self.band_high:
             raise ValueError("band_low must be <= band_high")
+        if self.loop == "wrap" and (self.explore != "teacher" or self.walk_steps < 1):
+            raise ValueError("loop: wrap makes its trajectories from the teacher's exploration: it needs explore: "
+                             "teacher and walk_steps >= 1 (or loop: propose)")
+        if self.loop == "wrap" and self.grow and self.student.llm is None:
+            raise ValueError("grow with loop: wrap ranks the wrapped tasks by the student's loss (one trajectory each: "
+                             "no success rate to rank by); configure the student (student.llm)")
         if self.grow and self.student.llm is None and self.attempts < 4:
             raise ValueError(f"grow without a student model (student.llm) chooses tasks by success rate, which needs "
                              f"attempts >= 4 (got {self.attempts}); configure the student or raise attempts")
@@ -245,18 +287,21 @@ class UISimulator(EnvMethod):
     name = "ui_simulator"
     Config = UISimulatorConfig
     templates = (PROPOSE_SYSTEM, PROPOSE_USER, PROPOSE_EXPLORED, JUDGE_SYSTEM, JUDGE_USER, REWRITE_SYSTEM, REWRITE_USER,
-                 VARIANT_SYSTEM, VARIANT_USER, ATTEMPT, *explorer.TEMPLATES)
+                 VARIANT_SYSTEM, VARIANT_USER, WRAP_SYSTEM, WRAP_USER, *explorer.TEMPLATES)
     config: UISimulatorConfig
     uses_task_source = False
     roles = (Role("explorer", "explores the site with step-wise task control", ("teacher", "judge")),
              Role("proposer", "proposes tasks from the explored pages", ("teacher", "judge")),
              Role("judge", "grades each attempt", ("judge",)),
-             Role("relabeller", "rewrites a kept attempt's instruction to what it did", ("teacher", "judge")),
+             Role("relabeller", "rewrites a kept attempt's instruction to what it did (loop: wrap: wraps each "
+                                "exploration into a trajectory)", ("teacher", "judge")),
              Role("variant writer", "writes harder and easier variants of the selected tasks", ("teacher", "judge")))
 
     def roles_in_use(self) -> list[Role]:
-        used = {"relabeller": self.config.rewrite, "variant writer": self.config.grow,
-                "explorer": self.config.explore == "teacher" and self.config.walk_steps > 0}
+        wrap = self.config.loop == "wrap"
+        used = {"relabeller": self.config.rewrite or wrap, "variant writer": self.config.grow,
+                "explorer": self.config.explore == "teacher" and self.config.walk_steps > 0,
+                "proposer": not wrap, "judge": not wrap or self.config.judge_wrapped or self.config.grow}
         return [r for r in super().roles_in_use() if used.get(r.name, True)]
 
     def __init__(self, config: UISimulatorConfig, llm: Any):
@@ -291,6 +336,8 @@ class UISimulator(EnvMethod):
         try:
             if "grow" in spec.payload:
                 await self._grow_task(spec, result)
+            elif self.config.loop == "wrap":
+                await self._wrap_round(spec, int(spec.payload["round"]), result)
             else:
                 await self._round(spec, int(spec.payload["round"]), result)
         except LLMRequestError as exc:
@@ -372,6 +419,102 @@ class UISimulator(EnvMethod):
             await self._attempts(_Node(task, p.expected_outcome), tools, r, walk, result,
                                  explored.as_dict() if explored is not None else {"mode": "random"})
 
+    async def _wrap_round(self, spec: TaskSpec, r: int, result: TaskResult) -> None:
+        """The paper's loop: the teacher explores the world with step-wise task control; the trajectory wrapper
+        writes the task those steps accomplish, a thought per step and the final answer; that is the trajectory."""
+        cfg = self.config
+        tools = self.tools
+        async with self.make_env() as env:
+            base = self._explore_from(env, r)
+            opening = await env.reset(base)
+            explored = await explorer.explore(env, self.model_for("explorer"), tools, opening, cfg.walk_steps,
+                                              cfg.max_page_chars, result.counts)
+        self._record(explored.steps, "walk", base.id, result)
+        result.counts["explored_pages"] += len(explored.pages)
+        params = dict(base.params)
+        if cfg.env == "simulated" and explored.pages:
+            params["start_page"] = {"url": explored.pages[0].url or "", "axtree": explored.pages[0].axtree or ""}
+        task = base.model_copy(update={"id": f"{spec.id}/wrap", "params": params})
+        steps = _with_call_ids(opened(self.policy(), explored.steps))
+        node = _Node(task, "")
+        trajectory = self._wrapped_trajectory(node, steps, tools, r, [p.url for p in explored.pages], explored)
+        actions = [i for i, s in enumerate(steps) if s.kind in ACTION_KINDS]
+        if not actions:
+            result.reject(trajectory, "exploration", "no action: the teacher's exploration took no step")
+            return
+        guides = "\n".join(f"- {g['guide']}" for g in explored.guides) or "(none)"
+        answer = await self.model_for("relabeller").structured(
+            [{"role": "system", "content": WRAP_SYSTEM},
+             {"role": "user", "content": WRAP_USER.format(guides=guides, n=len(actions),
+                                                          transcript=self._transcript(steps))}],
+            one_thought_each(Wrapped, len(actions)))
+        if answer is None or not answer.instruction.strip():
+            result.reject(trajectory, "wrap", "no wrap: no valid answer from the trajectory wrapper")
+            return
+        instruction = answer.instruction.strip()
+        first = next(s for s in steps if isinstance(s, TextObservation) and s.source == "user")
+        first.content = instruction
+        for i, thought in zip(actions, answer.thoughts):
+            steps[i] = steps[i].model_copy(update={"thought": thought.strip() or None,
+                                                   "extra": {**steps[i].extra, "original_thought": steps[i].thought}})
+        steps.append(MessageAction(content=answer.answer.strip() or "Done."))
+        actions.append(len(steps) - 1)
+        node.task = task.model_copy(update={"instruction": instruction})
+        node.expected = answer.answer.strip()
+        trajectory = self._wrapped_trajectory(node, steps, tools, r, [p.url for p in explored.pages], explored)
+        trajectory.details["rewrites"] = [StepRewrite(
+            steps=actions, kind="written",
+            reason="the teacher's exploration under its guides, wrapped: the user's request, every thought and the "
+                   "final answer are the trajectory wrapper's, the actions the teacher's (no request of the agent "
+                   "produced them)").model_dump()]
+        result.counts["wrapped"] += 1
+        if cfg.judge_wrapped:
+            verdict = await self._judge_steps(instruction, "the pages show the request carried out; the final "
+                                              "answer agrees with them", steps, result)
+            if verdict is not None:
+                trajectory.details["judge"] = {**verdict.model_dump(), "model": self.judge_name,
+                                               "reads": trajectory.details["judge_reads"]}
+            if verdict is None or not verdict.success:
+                reason = "no verdict: no valid judge answer" if verdict is None else f"unsuccessful: {verdict.reasoning}"
+                result.counts[f"failed:{reason.split(':')[0]}"] += 1
+                if not cfg.keep_failed:
+                    result.reject(trajectory, "completion", reason)
+                    return
+                result.trajectories.append(trajectory)
+                return
+        trajectory.reward, trajectory.success = 1.0, True
+        trajectory.details["success_source"] = "judge" if cfg.judge_wrapped else "wrapper"
+        result.counts["successes"] += 1
+        result.trajectories.append(trajectory)
+
+    def _wrapped_trajectory(self, node: _Node, steps: list[Step], tools: list[Any], r: int, walk: list[str | None],
+                            explored: explorer.Exploration) -> Trajectory:
+        """A wrapped exploration as a record (the fields Grow reads back as a proposed task's, attempt 0)."""
+        return Trajectory(
+            id=f"{self.name}/{node.task.id}#0",
+            source=self.name,
+            steps=steps,
+            tools=tools,
+            reward=0.0,
+            success=False,
+            provenance=self.provenance(node.task.id, seed=0).model_copy(update={"source_id": node.task.id}),
+            details={
+                "env": self.envs.describe(),
+                "loop": "wrap",
+                "round": r,
+                "walk": walk,
+                "explore": explored.as_dict(),
+                "task": {"id": node.task.id, "expected_outcome": node.expected, "depth": 0, "parent": None,
+                         "direction": None},
+                "env_task": node.task.model_dump(mode="json"),
+                "wrapped_instruction": node.task.instruction if node.expected else None,
+                "attempt": 0,
+                "actions": sum(1 for s in steps if s.kind in ACTION_KINDS),
+                "judge_reads": WORLD if not self.config.judge.self_report else SELF_REPORT,
+                "render": self.render_settings().model_dump(),
+            },
+        )
+
     async def _random_walk(self, env: Environment, opening: list[Step],
                            r: int) -> tuple[list[Step], list[WebObservation], list[str]]:
         """`walk_steps` seeded random exploring actions (`generators.page_walk`): the steps, the pages, how each was
@@ -405,9 +548,10 @@ class UISimulator(EnvMethod):
             if a > 0 and cfg.env == "simulated":
                 task = task.model_copy(update={"params": {**task.params, "sample": a}})
             async with self.make_env() as env:
-                episode = await play_episode(env, self.policy(), task, max_steps=cfg.max_steps, evaluate=False,
-                                             max_parse_failures=cfg.max_parse_failures,
-                                             guidance=ATTEMPT.format(n=a + 1) if a > 0 else None)
+                # Attempt a is draw a (its own sampling seed, so its own cache entry): nothing in the prompt the
+                # record keeps and exports train on says which attempt it was.
+                episode = await play_episode(env, self.policy(draw=a), task, max_steps=cfg.max_steps,
+                                             evaluate=False, max_parse_failures=cfg.max_parse_failures)
             self._record(episode.steps, "rollout", task.id, result)
             node.tried += 1
             result.counts["attempts"] += 1
@@ -450,10 +594,16 @@ class UISimulator(EnvMethod):
         return cut_head(numbered_path(steps, self.config.max_step_page_chars), self.config.max_transcript_chars)
 
     async def _judge(self, node: _Node, episode: Episode, result: TaskResult) -> Verdict | None:
-        prompt = JUDGE_USER.format(instruction=node.task.instruction, expected=node.expected,
-                                   transcript=self._transcript(episode.steps))
+        return await self._judge_steps(node.task.instruction, node.expected, episode.steps, result)
+
+    async def _judge_steps(self, instruction: str, expected: str, steps: list[Step],
+                           result: TaskResult) -> Verdict | None:
+        """The judge's verdict from what the world showed (the pages, the actions; the agent's thoughts only with
+        `judge.self_report`)."""
+        seen, _ = judged_steps(steps, self.config.judge.self_report)
+        prompt = JUDGE_USER.format(instruction=instruction, expected=expected, transcript=self._transcript(seen))
         return await self.images.ask(self.judge_llm, JUDGE_SYSTEM, prompt,
-                                     screenshots(episode.steps, self.config.max_judge_images), Verdict, result.counts)
+                                     screenshots(steps, self.config.max_judge_images), Verdict, result.counts)
 
     async def _relabel(self, trajectory: Trajectory, result: TaskResult) -> None:
         if not self.config.rewrite:
@@ -464,7 +614,7 @@ class UISimulator(EnvMethod):
             [{"role": "system", "content": REWRITE_SYSTEM},
              {"role": "user", "content": REWRITE_USER.format(instruction=original, n=len(actions),
                                                              transcript=self._transcript(trajectory.steps))}],
-            rewrite_model(len(actions)))
+            one_thought_each(Rewrite, len(actions)))
         if answer is None or not answer.instruction.strip():
             # Relabelled only as a whole: an instruction without thoughts to match would contradict its steps.
             result.counts["rewrite_failed"] += 1
@@ -506,6 +656,8 @@ class UISimulator(EnvMethod):
                 "env_task": node.task.model_dump(mode="json"),
                 **({"grow": node.grow} if node.grow is not None else {}),
                 "original_instruction": node.task.instruction,
+                "loop": "propose" if node.grow is None else "grow",
+                "judge_reads": WORLD if not self.config.judge.self_report else SELF_REPORT,
                 "attempt": a,
                 "stop_reason": episode.stop_reason,
                 "actions": episode.actions,
@@ -622,6 +774,18 @@ class UISimulator(EnvMethod):
                   grow={"parent": node.task.id, **decision})
             for m, v in enumerate(variants)
         ]
+
+
+def _with_call_ids(steps: list[Step]) -> list[Step]:
+    """Positional tool call ids (`call_<index>`) on the api actions and the observations that answer them."""
+    out: list[Step] = []
+    for i, step in enumerate(steps):
+        if step.kind == "api":
+            step = step.model_copy(update={"tool_call_id": f"call_{i}"})
+        elif step.kind not in ACTION_KINDS and out and out[-1].kind == "api":
+            step = step.model_copy(update={"tool_call_id": out[-1].tool_call_id})
+        out.append(step)
+    return out
 
 
 def _page_block(i: int, page: WebObservation, reached_by: str, max_chars: int) -> str:

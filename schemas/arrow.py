@@ -34,6 +34,17 @@ IMAGE_TYPE = pa.struct(
 
 # A step's model call (schemas.models.Usage); null on steps no model made. Added in 1.1 after the
 # first datasets were written: shards without it read as null (see `readable_as`).
+# The call's token truth (schemas.models.Tokens), added after 1.1's first datasets: null where absent.
+TOKENS_TYPE = pa.struct(
+    [
+        pa.field("prompt_ids", pa.list_(pa.int32())),
+        pa.field("completion_ids", pa.list_(pa.int32())),
+        pa.field("logprobs", pa.list_(pa.float32())),
+        pa.field("tokenizer", pa.string()),
+        pa.field("chat_template", pa.string()),
+    ]
+)
+
 USAGE_TYPE = pa.struct(
     [
         pa.field("model", pa.string()),
@@ -43,6 +54,7 @@ USAGE_TYPE = pa.struct(
         pa.field("retries", pa.int64()),
         pa.field("cost_usd", pa.float64()),
         pa.field("cached", pa.bool_()),
+        pa.field("tokens", TOKENS_TYPE),
     ]
 )
 

@@ -8,6 +8,7 @@ masks, and provenance.
 
 from __future__ import annotations
 
+import struct
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
@@ -59,6 +60,37 @@ class ImageRef(_Model):
     annotations: list[Annotation] | None = None
 
 
+def _as_float32(values: list[float] | None) -> list[float] | None:
+    # Parquet keeps logprobs as float32 (half the bytes, and what engines compute them in); rounding
+    # here makes a record equal to itself after a round trip.
+    if values is None:
+        return None
+    return list(struct.unpack(f"{len(values)}f", struct.pack(f"{len(values)}f", *values)))
+
+
+class Tokens(_Model):
+    """The token truth of a model call: the ids the model was fed and produced, as its backend reported
+    them (never a re-tokenization of the text), so a trainer trains exactly those tokens.
+
+    `logprobs` has one entry per completion id (the model's own distribution, before sampling
+    settings), or is None where the backend gave none. `tokenizer` names the tokenizer (a model
+    path or served model name); `chat_template` is the sha256 (16 hex digits) of the chat template
+    that rendered the prompt, None where the server applied its own unseen one.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: Annotated[list[float] | None, AfterValidator(_as_float32)] = None
+    tokenizer: str | None = None
+    chat_template: str | None = None
+
+    @model_validator(mode="after")
+    def _one_logprob_per_token(self) -> "Tokens":
+        if self.logprobs is not None and len(self.logprobs) != len(self.completion_ids):
+            raise ValueError(f"tokens: {len(self.logprobs)} logprobs for {len(self.completion_ids)} completion ids")
+        return self
+
+
 class Usage(_Model):
     """What the model call that made a step used: tokens, time, retries, cost.
 
@@ -77,6 +109,8 @@ class Usage(_Model):
     retries: int = 0
     cost_usd: float | None = None
     cached: bool = False
+    # The call's token ids and logprobs where the backend gives them (`llm.token_ids`); None otherwise.
+    tokens: Tokens | None = None
 
 
 class _Step(_Model):

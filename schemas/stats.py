@@ -175,6 +175,17 @@ def _histogram(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> list[dict[st
     return [{"from": r["from"], "to": r["from"] + width - 1, "records": r["records"]} for r in rows]
 
 
+def _user_fidelity(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Records whose simulated user was checked, and those it broke (`details.user_fidelity.ok` false: kept,
+    marked, and left out of exports); only details that mention it are parsed."""
+    row = _rows(con, """SELECT count(*)::BIGINT AS checked,
+                               count(*) FILTER (WHERE json_extract_string(details, '$.user_fidelity.ok') = 'false')
+                                   ::BIGINT AS broken
+                        FROM t WHERE contains(details, '"user_fidelity"')
+                                 AND json_extract(details, '$.user_fidelity') IS NOT NULL""")[0]
+    return {"checked": row["checked"], "broken": row["broken"]}
+
+
 def dataset_stats(ds: Dataset) -> dict[str, Any]:
     """Counts per source and method, steps (percentiles, histogram), step kinds, tools, rewards, labels, reasons."""
     con = duckdb.connect()
@@ -197,6 +208,7 @@ def dataset_stats(ds: Dataset) -> dict[str, Any]:
         "labels": [],
         "outcomes": [],
         "reward": {"count": 0},
+        "user_fidelity": {"checked": 0, "broken": 0},
         "quarantine_reasons": [],
         "filter_reasons": [],
     }
@@ -229,6 +241,9 @@ def dataset_stats(ds: Dataset) -> dict[str, Any]:
         result["outcomes"] = _rows(con, "SELECT value AS success, n AS records FROM counts WHERE what = 'outcome' ORDER BY 1")
         reward = {"count": n_reward, "min": lo, "mean": total / n_reward if n_reward else None, "max": hi}
         result["reward"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in reward.items()}
+        # One top-level column (details), which DuckDB reads alone.
+        con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet({duckdb_files(trajectories)}, union_by_name=true)")
+        result["user_fidelity"] = _user_fidelity(con)
     if quarantine:
         result["quarantine_reasons"] = _rows(
             con,

@@ -88,6 +88,7 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
         "description": fmt.description,
         "sft_layout": report.sft_layout,
         "tokenizer": report.tokenizer,
+        "token_truth": _token_truth(report.token_truth),
         "source": str(source) if source is not None else None,
         "counts": {"records_in": report.records_in, "records_exported": report.records_exported,
                    "rows": report.rows, "shards": len(files), "skipped": dict(sorted(report.skipped.items()))},
@@ -113,6 +114,18 @@ def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files:
         "roles": report.roles.as_card(),
         "templates": report.templates.as_card(),
     }
+
+
+def _token_truth(truth: dict[str, Any] | None) -> dict[str, Any] | None:
+    if truth is None:
+        return None
+    firsts = sorted(truth["first_difference"])
+    return {"choice": truth["choice"], "rows": dict(truth["rows"]), "compared": truth["compared"],
+            "foreign": truth["foreign"],
+            "recorded_by": dict(truth["recorded_by"].most_common()),
+            "differ": truth["differ"],
+            "first_difference": {"min": firsts[0], "median": firsts[len(firsts) // 2], "max": firsts[-1]}
+            if firsts else None, "examples": truth["examples"]}
 
 
 # ---- rendering ---------------------------------------------------------------------------------
@@ -193,12 +206,13 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
             [src, s["count"], s["mean"], s["min"], s["max"]] for src, s in data["steps_by_source"].items()
         ]), "",
         *_length_heading(data["format"]),
-        _table(["column", "rows", "trained tokens/row" if data["format"] == "tokenized" else "messages/row",
+        _table(["column", "rows", "trained tokens/row" if data["format"] in ("tokenized", "rl") else "messages/row",
                 "tokens mean", "p50", "p95", "max", "total"], [
             [s["column"], s["rows"], s["messages_mean"], s["tokens_mean"], s["tokens_p50"], s["tokens_p95"],
              s["tokens_max"], s["tokens_total"]] for s in data["token_stats"]
         ]), "",
     ]
+    parts += token_truth_section(data.get("token_truth"))
     parts += usage_section(data.get("usage") or {})
     parts += roles_section(data.get("roles") or [])
     parts += training_section(data)
@@ -239,6 +253,35 @@ def _decontamination_section(report: dict[str, Any] | None) -> list[str]:
                                         [[e["id"], f"{e['reference_source']} {e['reference']}", e["kind"],
                                           e["evidence"].replace("|", "/")] for e in examples[:5]]), ""]
     return out
+def token_truth_section(truth: dict[str, Any] | None) -> list[str]:
+    """Markdown: where the `tokenized` rows' ids come from, and the rows whose fresh render departs from the ids
+    the model was fed and produced."""
+    if not truth:
+        return []
+    rows, first = truth["rows"], truth.get("first_difference")
+    out = ["## Token truth", "",
+           f"Rows holding the token ids their model call recorded: {rows.get('recorded', 0):,}; rows rendered with "
+           f"the chat template: {rows.get('rendered', 0):,} (`--tokens {truth['choice']}`)."
+           + (f" The {truth['compared']:,} rows of model calls that recorded this tokenizer's ids were compared with a "
+              "fresh render of their request and answer with the chosen template." if truth["compared"] else "")
+           + (" Recorded by: " + ", ".join(f"`{name}` ({n:,} rows)" for name, n in truth["recorded_by"].items()) + "."
+              if truth.get("recorded_by") else ""), ""]
+    if truth.get("foreign"):
+        out += [f"**{truth['foreign']:,} rows** recorded ids of another tokenizer (decoded with this one, their prompt "
+                "does not hold the request's text): those rows are rendered with this tokenizer instead.", ""]
+    if not truth["differ"]:
+        return out + (["No row's render departs from the recorded ids.", ""] if truth["compared"] else [])
+    out += [f"**{truth['differ']:,} of {truth['compared']:,} rows** render to other tokens than the model was fed "
+            "and produced; the first "
+            f"difference is at token {first['min']:,} to {first['max']:,} (median {first['median']:,}). Training "
+            "on the render trains tokens the model did not see or write there"
+            + (" (these rows hold the recorded ids)." if truth["choice"] == "recorded" else "."), "",
+            _table(["record", "step", "first difference at token", "recorded", "rendered"],
+                   [[e["id"], e["step"], e["position"], repr(e["recorded"]).replace("|", "\\|"),
+                     repr(e["rendered"]).replace("|", "\\|")] for e in truth["examples"]]), ""]
+    return out
+
+
 def _cost(value: float | None) -> str:
     return "unknown (calls without llm.price)" if value is None else f"${value:,.4f}"
 
@@ -294,6 +337,8 @@ def templates_section(templates: list[dict[str, Any]]) -> list[str]:
 def _length_heading(fmt: str) -> list[str]:
     if fmt == "tokenized":
         return ["## Length (tokens)", "", "Exact token counts of the exported `input_ids`.", ""]
+    if fmt == "rl":
+        return ["## Length (tokens)", "", "Exact token counts of the exported `prompt_ids` and `completion_ids`.", ""]
     return ["## Length (approximate tokens)", "",
             f"Token counts are **approximate**: characters / {CHARS_PER_TOKEN} (contents, reasoning, tool-call names "
             "and arguments), measured on the rows as they are written; real tokenizers differ, code and "

@@ -29,6 +29,7 @@ from converters.export.render import Conversation
 from converters.export.sft import sft_batch
 from converters.export.sharegpt import sharegpt_rows
 from converters.export.tokenized import tokenized_rows
+from converters.export.tokens import rl_rows, rl_schema
 
 _S = pa.string()
 
@@ -98,7 +99,8 @@ def _sharegpt_schema(opts: FormatOptions) -> pa.Schema:
 
 def _tokenized_schema(opts: FormatOptions) -> pa.Schema:
     return pa.schema([("id", _S), ("source", _S), ("input_ids", pa.list_(pa.int32())),
-                      ("assistant_masks", pa.list_(pa.int8())), ("dropped_turns", pa.int32())])
+                      ("assistant_masks", pa.list_(pa.int8())), ("dropped_turns", pa.int32()),
+                      ("token_source", _S), ("drift_at", pa.int32())])
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,10 @@ FORMATS: dict[str, Format] = {
         Format("tokenized", "trajectories", "parquet", tokenized_rows, _tokenized_schema,
                "Token ids and an exact `assistant_masks` from your tokenizer's chat template (TRL SFTTrainer, "
                "pre-tokenized).", supervised=True),
+        Format("rl", "trajectories", "parquet", rl_rows, rl_schema,
+               "RL rollouts from the recorded token ids: per trajectory and run of model turns, `prompt_ids`, "
+               "`completion_ids`, `completion_mask` (0 on environment and user tokens), `completion_logprobs`, "
+               "`reward`, `step_rewards` (verifiers' RolloutOutput names; SkyRL's in the card)."),
         Format("atif", "trajectories", "jsonl", atif_rows, None,
                "Harbor's Agent Trajectory Interchange Format (ATIF-v1.4): one trajectory per line, for ATIF viewers "
                "and tools; `trajforge convert --source atif` reads it back.", columns=("details",)),

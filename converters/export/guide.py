@@ -21,6 +21,19 @@ MAX_LENGTH = (
     "{drops}.")
 
 
+# --format rl's columns under the names of the rollout outputs RL trainers take.
+RL_FIELDS = [
+    ("prompt_ids", "prompt_ids", "prompt_token_ids", "the first request's tokens, as the model was fed them"),
+    ("completion_ids", "completion_ids", "response_ids", "everything after: the model's tokens and, between its "
+     "turns, the environment's and user's"),
+    ("completion_mask", "completion_mask", "loss_masks", "1 on the model's own tokens, 0 on environment and user "
+     "tokens (and on loss-masked or rewritten steps)"),
+    ("completion_logprobs", "completion_logprobs", "rollout_logprobs", "the model's logprob of each of its tokens "
+     "(0 elsewhere); null where the backend gave none"),
+    ("reward", "reward", "rewards", "the episode's reward; `step_rewards` has each model turn's step reward"),
+]
+
+
 def kto_weights(labels: dict[str, int]) -> tuple[float, float]:
     """(desirable_weight, undesirable_weight) that put TRL's balance ratio
     desirable_weight * n_desirable / (undesirable_weight * n_undesirable) at 1 (TRL wants [1, 4/3])."""
@@ -132,7 +145,16 @@ def training_section(data: dict[str, Any]) -> list[str]:
                 f"Tokenizer: `{tok.get('path', '-')}`; message spans from {tok.get('method', '-')}. Every exported row "
                 "was checked against that template: each trainable assistant message renders its text and tool calls, "
                 "and the row's tools render where it has them (rows that did not were refused, or skipped with "
-                "`--skip-unfit-rows`: see Counts).", ""]
+                "`--skip-unfit-rows`: see Counts). Rows of model calls that recorded their token ids hold those ids "
+                "under `--tokens recorded` (`token_source`; see Token truth).", ""]
+    elif fmt == "rl":
+        out += ["Each row is one rollout as an RL trainer holds it: the token ids the model was fed and produced, "
+                "recorded per model call (`llm.token_ids`), never a re-tokenization. Turns whose prompt extends the "
+                "previous prompt and completion share a row; a turn whose prompt does not (a history window that "
+                "dropped turns) starts one (`segment`). Columns by the names of verifiers' `RolloutOutput` and "
+                "SkyRL's `GeneratorOutput`:", "",
+                "| column | verifiers | SkyRL | holds |", "|---|---|---|---|",
+                *[f"| `{c}` | `{v}` | `{k}` | {what} |" for c, v, k, what in RL_FIELDS], ""]
     elif fmt == "openai":
         out += ["Upload the JSONL files as they are: OpenAI trains assistant messages with `weight` 1 only.", ""]
     elif fmt == "sharegpt":

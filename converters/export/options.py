@@ -32,5 +32,7 @@ class FormatOptions:
     # "request": a record with render settings trains each assistant message on the request that produced
     # it; "full": on the whole history before it (see docs/export.md).
     history: History = "request"
+    # `tokenized`: the ids of model calls that recorded theirs ("recorded"), or the template's render ("rendered").
+    tokens: Literal["recorded", "rendered"] = "recorded"
     # Rows the layout or chat template cannot train as recorded: skipped with the reason (else the export stops).
     skip_unfit: bool = False

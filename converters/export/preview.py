@@ -30,7 +30,7 @@ import orjson
 
 from converters.export.formats import FORMATS, Format, rows_to_batch
 from converters.export.options import FormatOptions
-from converters.export.records import SPOILED, Record, pair_of
+from converters.export.records import PAIR_MEMBER, SPOILED, Record, pair_of, trains_records
 from converters.export.render import RenderOptions, Unrenderable
 from converters.export.tokenized import ChatTokenizer
 
@@ -71,6 +71,8 @@ def preview(trajectory: Any, fmt: str, *, tokenizer: Any = None, max_length: int
     sides = [record, *([Record.of(rejected)] if rejected is not None else [])]
     if any(side.batch.spoiled_by_user[side.index] for side in sides):
         return Preview(fmt, [], SPOILED)
+    if spec.table == "trajectories" and trains_records(spec) and record.batch.pair_only[record.index]:
+        return Preview(fmt, [], PAIR_MEMBER)
     if spec.supervised and record.success is False and not include_failed:
         return Preview(fmt, [], FAILED)
     if fmt == "tokenized" and chat is None:

@@ -40,6 +40,21 @@ COLUMNS = ["id", "source", "success", "reward", "steps", "tools", "provenance", 
 # Why an episode kept marked (`user.fidelity.on_broken: mark`) gives no row: its agent answered a user that
 # does not exist (eval leaves such episodes out for the same reason).
 SPOILED = "the simulated user broke the episode (details.user_fidelity)"
+# A record that exists only as one side of a preference pair (a step pair's prefix + one action): it is no
+# episode, so per-record formats leave it out; its pair trains it.
+PAIR_ONLY = "pair_only"
+PAIR_MEMBER = "a pair member only (details.pair_only): trained through its pair"
+
+
+def trains_records(fmt: Any) -> bool:
+    """Whether a format trains on each record by itself (SFT, KTO): those leave pair-only records out; an
+    interchange format (ATIF) keeps every record."""
+    return bool(fmt.supervised) or fmt.name == "trl-kto"
+
+
+# Where a method fell back from what its paper does (e.g. no first error named: the divergence point), the record
+# says so in `details["fallbacks"]` ({what: what was used instead}); the card counts them.
+FALLBACKS = "fallbacks"
 
 
 @dataclass
@@ -83,6 +98,15 @@ class Record:
     def step(self, field: str, j: int) -> Any:
         """Field `kind`, `label`, `train` (None: the default, true) or `source` of step j."""
         return self.batch.step_values(field)[int(self.batch.offsets[self.index]) + j]
+
+    def tokens(self, j: int) -> dict[str, Any] | None:
+        """The token truth of the model call that made step j (`usage.tokens`: ids, logprobs, tokenizer), or None."""
+        column = self.batch.step_tokens
+        return None if column is None else column[int(self.batch.offsets[self.index]) + j].as_py()
+
+    @property
+    def reward(self) -> float | None:
+        return self.batch.py("reward")[self.index]
 
     def has_masked_assistant_step(self) -> bool:
         """Whether a step that renders as an assistant message is loss-masked (`train = false`)."""
@@ -158,6 +182,16 @@ class Batch:
         return np.bincount(self.owner[masked.to_numpy(zero_copy_only=False)], minlength=len(self)) > 0
 
     @cached_property
+    def step_tokens(self) -> pa.Array | None:
+        """Per step, its model call's `usage.tokens` (null where none); None when the batch has none at all
+        (shards written before the field existed, or by a backend that gave no ids)."""
+        usage = self.values.type.get_field_index("usage")
+        if usage < 0 or self.values.type.field(usage).type.get_field_index("tokens") < 0:
+            return None
+        column = pc.struct_field(self.values, ["usage", "tokens"])
+        return column if column.null_count < len(column) else None
+
+    @cached_property
     def _details(self) -> list[dict[str, Any] | None]:
         """The details of records that carry render settings or rewrites (others: None, never parsed)."""
         if "details" not in self.rows.type.names:
@@ -184,6 +218,34 @@ class Batch:
         for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
             fidelity = orjson.loads(text).get("user_fidelity")
             out[r] = isinstance(fidelity, dict) and fidelity.get("ok") is False
+        return out
+
+    @cached_property
+    def pair_only(self) -> np.ndarray:
+        """Per record, whether it is only a member of a preference pair (`details.pair_only` set)."""
+        out = np.zeros(len(self), dtype=bool)
+        if "details" not in self.rows.type.names:
+            return out
+        column = self.rows.field("details")
+        rows = np.flatnonzero(pc.fill_null(pc.match_substring(column, f'"{PAIR_ONLY}"'), False)
+                              .to_numpy(zero_copy_only=False) & self.valid)
+        for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
+            out[r] = bool(orjson.loads(text).get(PAIR_ONLY))
+        return out
+
+    @cached_property
+    def fallbacks(self) -> list[dict[str, str]]:
+        """Per record, the fallbacks its method took (`details.fallbacks`: what -> what was used instead), for the
+        card's counts; only details that mention them are parsed."""
+        out: list[dict[str, str]] = [{} for _ in range(len(self))]
+        if "details" not in self.rows.type.names:
+            return out
+        column = self.rows.field("details")
+        rows = np.flatnonzero(pc.fill_null(pc.match_substring(column, f'"{FALLBACKS}"'), False)
+                              .to_numpy(zero_copy_only=False) & self.valid)
+        for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
+            found = orjson.loads(text).get(FALLBACKS)
+            out[r] = {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
         return out
 
     @cached_property

@@ -28,12 +28,13 @@ from converters.export.formats import CONVERSATION_COLUMNS, FORMATS, Format, row
 from converters.export.lengths import TokenStats, approx_tokens, dict_chars, message_chars, sum_lists
 from converters.export.mix import copies
 from converters.export.options import DPO_LEVELS, HISTORIES, KTO_MODES, SFT_LAYOUTS, FormatOptions
-from converters.export.records import COLUMNS, SPOILED, Batch, pair_refs
+from converters.export.records import COLUMNS, PAIR_MEMBER, SPOILED, Batch, pair_refs, trains_records
 from converters.export.render import Conversation, RenderOptions, Unrenderable
 from converters.export.roles import RoleReport
 from converters.export.sharegpt import DATASET_INFO
 from converters.export.templates import RowFeatures, TemplateReport
 from converters.export.tokenized import ChatTokenizer, TokenizerError
+from converters.export.tokens import DRIFT_EXAMPLES, TOKEN_SOURCES
 from converters.export.usage import UsageReport
 from converters.export.writer import DEFAULT_SHARD_ROWS, TEMP_PREFIX, ShardWriter
 from schemas.store import Dataset
@@ -81,6 +82,8 @@ class ExportConfig:
     # `tokenized`: a tokenizer directory (or hub name) and the longest row in tokens.
     tokenizer: str | None = None
     max_length: int | None = None
+    # `tokenized`: rows of model calls that recorded their ids take them ("recorded") or the template's render.
+    tokens: str = "recorded"
     # Rows the layout or the chat template cannot train as recorded: skipped with the reason, else refused.
     skip_unfit_rows: bool = False
     overwrite: bool = False
@@ -133,6 +136,8 @@ class ExportReport:
     kto_mode: str | None = None
     dpo_level: str | None = None
     tokenizer: dict[str, Any] | None = None
+    # `tokenized`: rows by where their ids come from, rows whose render departs from the recorded ids, examples.
+    token_truth: dict[str, Any] | None = None
     include_failed: bool = False
     reasoning: bool = True
     # Model usage behind the exported rows and the episodes' success, per method and environment.
@@ -206,6 +211,9 @@ def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
     _check_choice(cfg.kto_mode, KTO_MODES, "KTO mode")
     _check_choice(cfg.dpo_level, DPO_LEVELS, "DPO level")
     _check_choice(cfg.history, HISTORIES, "history")
+    _check_choice(cfg.tokens, TOKEN_SOURCES, "token source")
+    if fmt.name != "tokenized" and cfg.tokens != "recorded":
+        raise ExportError("--tokens applies to --format tokenized only (--format rl always takes the recorded ids)")
     if cfg.web_max_chars < 0:
         raise ExportError(f"--web-max-chars must be >= 0 (0: pages are not cut), got {cfg.web_max_chars}")
     if fmt.name != "tokenized" and (cfg.tokenizer is not None or cfg.max_length is not None):
@@ -226,7 +234,8 @@ def resolve_options(fmt: Format, cfg: ExportConfig) -> FormatOptions:
     reasoning = fmt.keeps_reasoning if cfg.reasoning is None else cfg.reasoning
     return FormatOptions(RenderOptions(reasoning=reasoning, web_max_chars=cfg.web_max_chars),  # type: ignore[arg-type]
                          cfg.sft_layout, cfg.kto_mode, cfg.dpo_level, tokenizer,  # type: ignore[arg-type]
-                         skip_unfit=cfg.skip_unfit_rows, history=cfg.history)  # type: ignore[arg-type]
+                         skip_unfit=cfg.skip_unfit_rows, history=cfg.history,  # type: ignore[arg-type]
+                         tokens=cfg.tokens)  # type: ignore[arg-type]
 
 
 # ---- streaming -------------------------------------------------------------------------------
@@ -347,6 +356,9 @@ def _select(fmt: Format, cfg: ExportConfig, inputs: Inputs) -> np.ndarray:
     spoiled = np.logical_or.reduce([b.spoiled_by_user for b in inputs.behind])  # a pair: either side
     for r in np.flatnonzero(spoiled & (copies_of > 0)).tolist():
         inputs.reasons[r], copies_of[r] = SPOILED, 0
+    if fmt.table == "trajectories" and trains_records(fmt):
+        for r in np.flatnonzero(inputs.behind[0].pair_only & (copies_of > 0)).tolist():
+            inputs.reasons[r], copies_of[r] = PAIR_MEMBER, 0
     if fmt.supervised and fmt.table == "trajectories" and not cfg.include_failed:
         failed = pc.fill_null(pc.equal(inputs.behind[0].column("success"), False), False).to_numpy(zero_copy_only=False)
         for r in np.flatnonzero(failed & (copies_of > 0)).tolist():
@@ -428,6 +440,9 @@ def _count(report: ExportReport, fmt: Format, opts: FormatOptions, inputs: Input
     for key, k in zip(keys.field("values").to_pylist(), keys.field("counts").to_pylist()):
         report.provenance[tuple(key.split("\x00"))] += k  # type: ignore[index]
     for batch in inputs.behind:
+        for r in np.flatnonzero(exported).tolist():
+            for what, instead in batch.fallbacks[r].items():
+                report.notes[f"fallback in {inputs.sources[r]} records: {what}: {instead}"] += 1
         report.steps.update({int(k): int(v) for k, v in zip(*np.unique(batch.lengths[exported], return_counts=True))})
         rewards = pc.value_counts(pc.round(batch.column("reward").filter(pa.array(exported)).drop_null(), 2))
         report.rewards.update(dict(zip(rewards.field("values").to_pylist(), rewards.field("counts").to_pylist())))
@@ -464,10 +479,21 @@ def _check_templates(report: ExportReport, fmt: Format, opts: FormatOptions, tab
 
 def _tokenized_notes(report: ExportReport, fmt: Format, rows: list[dict[str, Any]]) -> None:
     if fmt.name == "tokenized":
+        truth = report.token_truth
+        assert truth is not None
         for row in rows:
             if row["dropped_turns"]:
                 report.notes[TRUNCATED] += 1
                 report.notes[DROPPED_TURNS] += row["dropped_turns"]
+            truth["rows"][row["token_source"]] += 1
+            if "_recorded_by" in row:
+                truth["recorded_by"][row["_recorded_by"]] += 1
+                truth["foreign" if "_foreign" in row else "compared"] += 1
+            if "_drift" in row:
+                truth["differ"] += 1
+                truth["first_difference"].append(row["drift_at"])
+                if len(truth["examples"]) < DRIFT_EXAMPLES:
+                    truth["examples"].append(row["_drift"])
 
 
 def _measure(report: ExportReport, fmt: Format, opts: FormatOptions, table: pa.RecordBatch | None,
@@ -480,11 +506,14 @@ def _measure(report: ExportReport, fmt: Format, opts: FormatOptions, table: pa.R
         per_column = {key: (tokens, np.array([len(line[key]) for line in lines], dtype=np.int64))}
     elif table is None or not table.num_rows:
         return
-    elif fmt.name == "tokenized":
-        masks = table.column("assistant_masks")
+    elif fmt.name in ("tokenized", "rl"):
+        ids, mask = ("input_ids", "assistant_masks") if fmt.name == "tokenized" else ("completion_ids", "completion_mask")
+        masks = table.column(mask)
         trained = sum_lists(masks, masks.values.to_numpy(zero_copy_only=False).astype(np.int64))
-        per_column = {"input_ids": (pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64),
-                                    trained)}
+        lengths = pc.list_value_length(table.column(ids)).to_numpy().astype(np.int64)
+        if fmt.name == "rl":
+            lengths = lengths + pc.list_value_length(table.column("prompt_ids")).to_numpy().astype(np.int64)
+        per_column = {ids: (lengths, trained)}
     else:
         per_column = {}
         for name in CONVERSATION_COLUMNS[fmt.name](opts):
@@ -520,6 +549,9 @@ def export(src: str | Path, out: str | Path, cfg: ExportConfig,
     if opts.tokenizer is not None:
         report.tokenizer = {"path": opts.tokenizer.name, "method": opts.tokenizer.method,
                             "max_length": opts.tokenizer.max_length}
+        report.token_truth = {"choice": opts.tokens, "rows": Counter(), "compared": 0, "foreign": 0, "recorded_by": Counter(),
+                              "differ": 0, "first_difference": [],
+                              "examples": []}
     if total is not None:
         total(ds.count(fmt.table))
     if quarantined := ds.count("quarantine"):

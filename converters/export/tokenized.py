@@ -28,6 +28,10 @@ trainable assistant message must render its text and tool calls, and the row's t
 where it has them. A template that cannot (TRL's `llama3_training` renders neither tool calls nor
 tools) stops the export with one line naming the record, or, with `--skip-unfit-rows`, the row is
 skipped with the reason; so the masks of every exported row are exact.
+
+Rows of model calls that recorded their token ids take those ids (`--tokens recorded`, the default;
+see `converters.export.tokens`): `token_source` says which each row holds, `drift_at` where the fresh
+render first departs from the recorded ids.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from converters.export.options import FormatOptions
 from converters.export.records import Record
 from converters.export.render import Unrenderable
 from converters.export.templates import row_problem
+from converters.export.tokens import drift, first_difference, message_tokens, same_vocabulary
 
 _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -186,7 +191,9 @@ def _trl_training_template(tokenizer: Any) -> tuple[str, str] | None:
 
 
 def request_rows(record: Record, opts: FormatOptions, tok: ChatTokenizer) -> list[dict[str, Any]]:
-    """One row per trainable assistant message: its request (as sent), then it, trained alone."""
+    """One row per trainable assistant message: its request (as sent), then it, trained alone. Where the model
+    call recorded its ids (`converters.export.tokens`), `--tokens recorded` takes them (loss on the completion),
+    and the row says where the fresh render departs from them (`drift_at`, null where it does not)."""
     from converters.export.sft import trained_requests
 
     settings = record.settings
@@ -201,11 +208,30 @@ def request_rows(record: Record, opts: FormatOptions, tok: ChatTokenizer) -> lis
         messages = sent[prompt].messages(object_arguments=True) + answered[k:k + 1].messages(object_arguments=True)
         trainable = [False] * (sum(1 for m in messages if m["role"] == "assistant") - 1) + [True]
         enc = tok.encode(messages, trainable, tools)
-        if tok.max_length is not None and len(enc.input_ids) > tok.max_length:
+        row = {"id": record.id, "source": record.source, "input_ids": enc.input_ids, "assistant_masks": enc.mask,
+               "dropped_turns": 0, "token_source": "rendered", "drift_at": None}
+        # A rewritten step's ids are of another request than the record's (or another writer's): never used.
+        recorded = None if set(sent.steps(k)) & record.rewritten() else message_tokens(record, sent.steps(k))
+        if recorded is not None:
+            template = recorded["chat_template"]
+            row["_recorded_by"] = f"{recorded['tokenizer']}, " + (f"chat template {template}" if template else
+                                                                  "the server's chat template")
+            if not same_vocabulary(tok.tokenizer, recorded["prompt_ids"], messages[:-1]):
+                row["_foreign"] = True
+                recorded = None
+        if recorded is not None:
+            ids = recorded["prompt_ids"] + recorded["completion_ids"]
+            row["drift_at"] = first_difference(ids, enc.input_ids)
+            if row["drift_at"] is not None:
+                row["_drift"] = drift(record.id, sent.first_step(k), row["drift_at"], ids, enc.input_ids,
+                                      tok.tokenizer.decode)
+            if opts.tokens == "recorded":
+                row.update(input_ids=ids, token_source="recorded",
+                           assistant_masks=[0] * len(recorded["prompt_ids"]) + [1] * len(recorded["completion_ids"]))
+        if tok.max_length is not None and len(row["input_ids"]) > tok.max_length:
             too_long += 1
             continue
-        rows.append({"id": record.id, "source": record.source, "input_ids": enc.input_ids,
-                     "assistant_masks": enc.mask, "dropped_turns": 0})
+        rows.append(row)
     if not rows:
         raise Unrenderable("no request fits in --max-length" if too_long else "no trainable assistant turn")
     return rows
@@ -236,7 +262,7 @@ def tokenized_rows(record: Record, opts: FormatOptions) -> list[dict[str, Any]]:
         raise TokenizerError(f"record {record.id}: {problem} with {tok.method}; use a chat template that renders tool "
                              "calls and tools (e.g. TRL's qwen3_training), or --skip-unfit-rows to leave such rows out")
     return [{"id": record.id, "source": record.source, "input_ids": enc.input_ids, "assistant_masks": enc.mask,
-             "dropped_turns": dropped}]
+             "dropped_turns": dropped, "token_source": "rendered", "drift_at": None}]
 
 
 def _truncate(tok: ChatTokenizer, messages: list[dict[str, Any]], positions: list[int], trainable: list[bool],

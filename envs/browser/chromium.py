@@ -27,6 +27,11 @@ from envs.base import EnvError
 LAUNCH_ARGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
+    # WebRTC's STUN/UDP traffic does not pass the context's routes, so it would bypass the egress allowlist
+    # (envs/browser/egress.py): only proxied routes, and there is no proxy, so a page gathers no ICE candidate
+    # and sends no UDP. This is the switch of the `webrtc.ip_handling_policy` pref (Chromium and Chrome);
+    # `--force-webrtc-ip-handling-policy` is gone from current builds (the system Chromium ignores it).
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
 )
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 ENV_VAR = "TRAJFORGE_CHROMIUM"

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import urljoin, urlsplit
@@ -50,6 +49,7 @@ from envs.browser.egress import Egress
 from envs.browser.page import AFTER_ACTION_JS, WATCH_POPUPS_JS, axtree_text, cap_html, mark_elements
 from envs.browser.server import serve_directory
 from envs.browser.solvers import Solver, find_solver
+from envs.episode_files import episode_dir
 from envs.tasks import resolve_path
 from envs.toolspec import validate_call
 from schemas.models import Action, ApiAction, ImageRef, MessageAction, Observation, Step, TextObservation, Tool, WebObservation
@@ -64,7 +64,7 @@ OBSERVE_ATTEMPTS = 4  # reads of a page cut by a navigation or a refused capture
 CAPTURE_RETRY_S = 0.25  # times the attempt: the pause before asking Chromium for a refused capture again
 SOLVER_ROUNDS = 20
 log = logging.getLogger(__name__)
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
 
 class BrowserEnv(Environment):
     """Chromium through Playwright; tasks from MiniWoB++ (`params.miniwob`) or any site (`params.start_url`)."""
@@ -201,8 +201,7 @@ class BrowserEnv(Environment):
         self.answer, self.page_instruction, self._crashed, self._shots = None, None, False, 0
         self._shot_dir = None
         if "screenshot" in self.observe and self.output_dir is not None:
-            task_dir, episode = _UNSAFE.sub("_", task.id), self._episode.key.rsplit("/", 1)[-1]
-            self._shot_dir = Path("screenshots") / task_dir / episode
+            self._shot_dir = episode_dir("screenshots", task.id, self._episode.key)
         url = self._start_url(task)
         self._deadline = asyncio.get_running_loop().time() + self.episode_timeout_s
         try:

@@ -41,12 +41,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from envs.tasks import TaskFileError, resolve_path
+from envs.tasks import Interpreter, TaskFileError, resolve_path
 
 _SECRET = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TMPDIR = "{tmpdir}"
@@ -120,6 +122,36 @@ class ServerConfig(BaseModel):
         """A name for files about the server (its log): the command's base name, or the URL's host."""
         word = os.path.basename(self.argv[0]) if self.command is not None else urlsplit(self.url or "").hostname
         return _UNSAFE.sub("_", word or "server")[:60]
+
+    def interpreter(self) -> Interpreter | None:
+        """The Python the server runs with where it is not trajforge's (its venv's, the interpreter its command
+        names, or the one beside its console script), with the server's environment: `pkg://` paths resolve there."""
+        if self.command is None:
+            return None
+        from mcp.client.stdio import get_default_environment
+
+        from envs.base import EnvError
+        from envs.mcp.server import resolve_command
+
+        search = self.search_path()
+        try:
+            program = Path(resolve_command(self.argv[0], search))
+        except EnvError:
+            return None
+        looks_like_python = re.fullmatch(r"python[0-9.]*", program.name) is not None
+        candidates = [Path(search[0]) / "python"] if self.venv else []  # search[0]: the venv's bin/
+        candidates.append(program if looks_like_python else program.parent / "python")
+        python = next((p for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
+        if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+            return None
+        # The server's own variables (those without secrets or {tmpdir}: neither is known before it starts).
+        env = {**get_default_environment(), **{k: v for k, v in self.env.items() if TMPDIR not in v
+                                               and not _SECRET.search(v)}}
+        if search:
+            env.setdefault("PATH", os.pathsep.join([*search, os.environ.get("PATH", os.defpath)]))
+        if self.venv:
+            env.setdefault("VIRTUAL_ENV", os.path.expanduser(self.venv))
+        return Interpreter(str(python), tuple(sorted(env.items())))
 
 
 class ToolCallConfig(BaseModel):
@@ -322,8 +354,9 @@ def at_path(data: Any, path: str) -> Any:
 _TEXT_SUFFIXES = (".md", ".txt", ".rst", ".markdown")
 
 
-def load_policy(value: str | None) -> str | None:
-    """The policy text: `value` itself, or the file it names (a path, or pkg://package/path)."""
+def load_policy(value: str | None, interpreter: Interpreter | None = None) -> str | None:
+    """The policy text: `value` itself, or the file it names (a path, or pkg://package/path, looked up in
+    `interpreter`'s environment first: the server's)."""
     if value is None or not value.strip():
         return None
     single = "\n" not in value.strip()
@@ -332,7 +365,7 @@ def load_policy(value: str | None) -> str | None:
     if not looks_like_file:
         return value.strip()
     try:
-        return resolve_path(value.strip()).read_text(encoding="utf-8").strip()
+        return resolve_path(value.strip(), interpreter).read_text(encoding="utf-8").strip()
     except (TaskFileError, OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"mcp env_config: policy: cannot read {value.strip()} ({reason})") from None

@@ -7,8 +7,9 @@ The agent sees the server's tools (from `list_tools`, filtered by `include`/`exc
 the hidden arguments and the tools the environment calls itself). A call is checked against the
 tool's JSON Schema first: an invalid one is an `Error:` observation and never reaches the server.
 Hidden arguments (e.g. a per-episode state key) are added to every call that declares them. A
-result with `is_error` is an `Error:` observation; the observation is the result's text, or the
-field `result_path` names in its structured content. A server that dies or does not answer
+result with `is_error` is an `Error:` observation; the observation is the result's content
+(images and blobs stored as files under `output_dir`: envs/mcp/content.py), or the field
+`result_path` names in its structured content. A server that dies or does not answer
 within `call_timeout_s` raises `EnvError` (the run quarantines the episode), and the next
 episode gets a new server session.
 
@@ -38,10 +39,13 @@ from backends.base import LLM
 from backends.config import LLMConfig
 from envs.base import EnvError, Environment, Evaluation, StepResult, Task, UserSimulator, refused, unsupported
 from envs.criteria import CallRecord, evaluate_criteria, has_criteria, reference_actions
+from envs.episode_files import EpisodeFiles
 from envs.judge import judge_outcome
 from envs.mcp.config import (ConfigError, DigestConfig, MCPConfig, ToolCallConfig, at_path, bind, load_policy,
                              shared_paths)
+from envs.mcp.content import result_text, tool_observation
 from envs.mcp.server import ServerPool, ServerSession, acquire_pool, release_pool
+from envs.tasks import Interpreter
 from schemas.models import Action, ApiAction, MessageAction, Observation, Step, TextObservation, Tool
 from schemas.toolcalls import call_problem
 
@@ -123,9 +127,13 @@ class MCPEnv(Environment):
             recycle_after=recycle_after, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s,
             fixtures=fixtures).items() if v is not None}
         self.config = MCPConfig.parse(settings)
-        super().__init__(max_steps=max_steps, user=user, policy=load_policy(self.config.policy))
+        policy_file = self.config.policy is not None and self.config.policy.startswith("pkg://")
+        super().__init__(max_steps=max_steps, user=user, policy=load_policy(
+            self.config.policy, self.config.server.interpreter() if policy_file else None))
         self.judge, self._own_judge = self._make_judge(judge)
-        self.log_dir = Path(output_dir) / "logs" / "mcp" if output_dir is not None else None
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.log_dir = self.output_dir / "logs" / "mcp" if self.output_dir is not None else None
+        self._files: EpisodeFiles | None = None  # where the episode's images and blobs go
         self._pool: ServerPool | None = None
         self._session: ServerSession | None = None
         self._staged: str | None = None  # the episode whose fixtures lie in the session's {tmpdir}
@@ -139,6 +147,15 @@ class MCPEnv(Environment):
     def shared_paths(cls, env_config: dict[str, Any]) -> list[str]:
         """Files outside the server's {tmpdir} it is handed (what `envs check` would change); see config.shared_paths."""
         return shared_paths(MCPConfig.parse({k: v for k, v in env_config.items() if k in MCPConfig.model_fields}))
+
+    @classmethod
+    def package_interpreter(cls, env_config: dict[str, Any]) -> Interpreter | None:
+        """The server's Python, where `pkg://` task paths resolve first (a server run from its own venv)."""
+        try:
+            config = MCPConfig.parse({k: v for k, v in env_config.items() if k in MCPConfig.model_fields})
+        except ConfigError:
+            return None  # the environment itself names the problem when it is made
+        return config.server.interpreter()
 
     @staticmethod
     def _make_judge(judge: LLM | dict[str, Any] | None) -> tuple[LLM | None, bool]:
@@ -218,6 +235,8 @@ class MCPEnv(Environment):
         self.calls = []
         self.answer = None
         self._staged = self.episode_key
+        self._files = (EpisodeFiles(self.output_dir, "mcp_content", task.id, self.episode_key)
+                       if self.output_dir is not None else None)
         await self._prepare(self.episode_key, task)
         return None
 
@@ -256,12 +275,14 @@ class MCPEnv(Environment):
             self.calls.append(CallRecord(action.function, dict(action.arguments), False, action.function in self._writes))
             why = exc.message if isinstance(exc, MCPError) else f"its answer is not a valid MCP result ({exc.error_count()} errors)"
             return refused(action, f"the server rejected the call: {why}")
-        text = self._text(result)
         ok = not result.is_error
         self.calls.append(CallRecord(action.function, dict(action.arguments), ok, action.function in self._writes))
         if not ok:
-            return refused(action, text.removeprefix("Error:").strip() or "the tool failed")
-        obs = TextObservation(content=text, source="environment", name=action.function, tool_call_id=action.tool_call_id)
+            return refused(action, self._text(result).removeprefix("Error:").strip() or "the tool failed")
+        picked = self._picked(result)
+        obs = (TextObservation(content=picked, source="environment", name=action.function,
+                               tool_call_id=action.tool_call_id) if picked is not None
+               else tool_observation(result, self._files, action.function, action.tool_call_id))
         return StepResult(obs, done=action.function in self.config.terminal_tools)
 
     async def _call(self, name: str, arguments: dict[str, Any], episode: str, task: Task,
@@ -304,25 +325,20 @@ class MCPEnv(Environment):
             raise EnvError(f"state_digest: the query did not finish within {timeout_s:g} s") from None
 
     def _text(self, result: CallToolResult, path: str | None = None) -> str:
-        """The observation text: the structured field at `path` (default: result_path), else the text content."""
+        """The result as text: the structured field at `path` (default: result_path), else the content."""
+        picked = self._picked(result, path)
+        return picked if picked is not None else result_text(result)
+
+    def _picked(self, result: CallToolResult, path: str | None = None) -> str | None:
+        """The structured field at `path` (default: result_path) as text, where there is one."""
         path = path or self.config.result_path
-        if path is not None and result.structured_content is not None:
-            try:
-                value = at_path(result.structured_content, path)
-            except KeyError:
-                pass
-            else:
-                return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        parts = []
-        for block in result.content:
-            text = getattr(block, "text", None)
-            if text is None:
-                resource = getattr(block, "resource", None)
-                text = getattr(resource, "text", None) or f"[{block.type} content]"
-            parts.append(text)
-        if not parts and result.structured_content is not None:
-            return json.dumps(result.structured_content, ensure_ascii=False)
-        return "\n".join(parts)
+        if path is None or result.structured_content is None:
+            return None
+        try:
+            value = at_path(result.structured_content, path)
+        except KeyError:
+            return None
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
     # ---- evaluation -----------------------------------------------------------------------------
 

@@ -229,7 +229,9 @@ class SimulatedEnv(Environment):
         page = task.params.get("start_page") or self.start_page
         if page:
             return WebObservation(url=page.get("url"), axtree=_as_axtree(page.get("axtree", "")))
-        entry = self.real.entry(f"{task.instruction} {task.params.get('start_url', '')}") if self.real else None
+        start = str(task.params.get("start_url") or "")
+        entry = ((self.real.at(start) if start else None) or self.real.entry(f"{task.instruction} {start}")
+                 if self.real else None)
         if entry is not None:
             return WebObservation(url=entry.url, axtree=entry.axtree)  # a real page needs no model call
         answer = await self.ask(P.WEB_START.format(task=P.task_block(task)), PageTurn)

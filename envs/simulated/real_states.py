@@ -190,6 +190,14 @@ class RealStates:
                 break
         return out
 
+    def at(self, url: str) -> RealState | None:
+        """The first recorded entry page at `url`'s path and query (`/`, `contact.html`, or a full URL of the
+        site), or None: a start URL names its page exactly, which word matching cannot do for `/`."""
+        want = urlsplit(url.strip())
+        key = ("/" + want.path.lstrip("/"), want.query)
+        return next((s for s in self.entries
+                     if ("/" + urlsplit(s.url).path.lstrip("/"), urlsplit(s.url).query) == key), None)
+
     def entry(self, query: str) -> RealState | None:
         """The recorded entry page most like `query` (a task's instruction and start URL)."""
         ranked = _rank(self.entries, self._entry_index, _tokens(query))

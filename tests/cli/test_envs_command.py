@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -14,6 +15,7 @@ from flows.cli import app
 from tests.envs.mcp_support import CONFIG, TASKS
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("scratch")  # a failing check's folder goes to the test's tmp_path
 # Two tasks that ask for nothing to change and nothing to be told (25, 57), one that asks only for
 # information graded by NL assertions (24), references that probe a wrong email first (35) or make a
 # write that fails in tau2's own replay of them (105), and plain ones.
@@ -151,3 +153,53 @@ def test_env_config_max_steps_is_refused_for_the_top_level_one(tmp_path: Path) -
     (tmp_path / "kv.yaml").write_text(yaml.safe_dump({**KV, "env_config": {**KV["env_config"], "max_steps": 3}}))
     result = runner.invoke(app, ["envs", "check", "--config", str(tmp_path / "kv.yaml")])
     assert result.exit_code == 1 and "write max_steps at the top level" in " ".join(result.output.split())
+
+
+# ---- what a failing check shows, and what it leaves behind -----------------------------------------
+
+
+def kv_check_text(tmp_path: Path, tasks: list[dict[str, Any]], **env_config: Any) -> tuple[int, str]:
+    """A check's human output (no --json), with its lines unwrapped."""
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    config = {**KV, "env_config": {**KV["env_config"], **env_config},
+              "tasks": {"source": "jsonl", "path": str(tmp_path / "tasks.jsonl")}}
+    (tmp_path / "kv.yaml").write_text(yaml.safe_dump(config))
+    result = runner.invoke(app, ["envs", "check", "--config", str(tmp_path / "kv.yaml")])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_envs_check_shows_why_a_reference_call_was_refused(tmp_path: Path) -> None:
+    typo = {"id": "kv-typo", "instruction": "Remember 7.",  # refused before the server: the schema wants a string
+            "goal": {"actions": [{"name": "put", "arguments": {"key": "n", "value": 7}}], "reward_basis": ["ACTION"]}}
+    forget = {"id": "kv-forget", "instruction": "Forget my colour.",  # refused by the server: there is no colour
+              "goal": {"actions": [{"name": "delete", "arguments": {"key": "colour"}}], "reward_basis": ["DB"]}}
+    code, output = kv_check_text(tmp_path, [typo, forget])
+    assert code == 1
+    assert "kv-typo: failed ACTION" in output
+    assert "step 0 put was refused: argument 'value' must be of type string, got integer" in output
+    # The server's own reason.
+    assert "kv-forget step 0 delete was refused: Error executing tool delete: no key 'colour'" in output
+
+
+def check_folders(root: Path) -> list[Path]:
+    return sorted(root.glob("trajforge-envs-check-*"))
+
+
+def test_envs_check_removes_its_folder_when_healthy_and_keeps_the_logs_where_it_says_when_not(
+        tmp_path: Path, scratch: Path) -> None:
+    code, output = kv_check_text(tmp_path, [PUT])
+    assert code == 0 and check_folders(scratch) == []
+    assert "files of the check" not in output
+
+    code, output = kv_check_text(tmp_path, [{"id": "a", "instruction": "Say hi."}])  # unhealthy: no reference
+    (kept,) = check_folders(scratch)
+    assert code == 1 and f"filesofthecheck(serverlogs,screenshots):{kept}" in output.replace(" ", "")  # paths wrap
+    assert list((kept / "logs" / "mcp").glob("*.log"))
+
+    # A server that dies at start: the one-line error says where its log is.
+    code, output = kv_check_text(tmp_path, [PUT], server={"command": ["python", "-c", "import sys; "
+                                                                     "print('no database', file=sys.stderr); sys.exit(3)"]})
+    assert code == 1 and "Traceback" not in output
+    (crashed,) = [p for p in check_folders(scratch) if p != kept]
+    assert f"(serverlogs:{crashed})" in "".join(output.split())  # a long path wraps
+    assert "no database" in "".join(p.read_text() for p in (crashed / "logs" / "mcp").glob("*.log"))

@@ -24,6 +24,7 @@ from tests.conftest import REPO
 from tests.server_venvs import server_venv
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("scratch")  # a failing check's folder goes to the test's tmp_path
 
 
 @pytest.fixture(scope="session")
@@ -256,3 +257,69 @@ def test_envs_check_refuses_a_server_handed_the_users_repository(tmp_path: Path,
     assert "warning:" in allowed.stderr and str(repo) in " ".join(allowed.stderr.split())
     assert json.loads(allowed.stdout)["reference"]["passed"] == 1
     assert tree_digest(repo) == before
+
+
+# ---- a server package whose tasks and policy ship inside it, installed only in the server's venv -------
+
+SHOPKIT_SERVER = '''
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("shopkit", log_level="WARNING")
+stores: dict[str, dict[str, str]] = {}
+
+
+@server.tool()
+async def put(key: str, value: str, state_key: str = "default") -> str:
+    """Store a value under a key."""
+    stores.setdefault(state_key, {})[key] = value
+    return f"stored {key}"
+
+
+if __name__ == "__main__":
+    server.run()
+'''
+SHOPKIT_POLICY = "Shopkit policy: store only what the user asks for."
+
+
+def shopkit_venv(tmp_path: Path, git_venv: str) -> Path:
+    """A venv of the server's own with the package `shopkit` installed (the mcp SDK from the git server's venv)."""
+    from tests.server_venvs import _base_python
+
+    venv = tmp_path / "shopkit-venv"
+    subprocess.run([_base_python(), "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (borrowed,) = Path(git_venv).glob("lib/python*/site-packages")
+    (site / "borrowed.pth").write_text(f"{borrowed}\n")
+    package = site / "shopkit"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "server.py").write_text(SHOPKIT_SERVER)
+    (package / "policy.md").write_text(SHOPKIT_POLICY + "\n")
+    (package / "tasks.jsonl").write_text(json.dumps(
+        {"id": "colour", "instruction": "Remember that my favourite colour is blue.",
+         "goal": {"actions": [{"name": "put", "arguments": {"key": "colour", "value": "blue"}}],
+                  "reward_basis": ["DB"]}}) + "\n")
+    return venv
+
+
+def test_pkg_paths_resolve_in_the_servers_own_venv(tmp_path: Path, git_venv: str) -> None:
+    from envs.registry import make_env
+
+    venv = shopkit_venv(tmp_path, git_venv)
+    env_config = {"server": {"command": ["python", "-m", "shopkit.server"], "venv": str(venv)},
+                  "hidden_arguments": {"state_key": "{episode}"}, "policy": "pkg://shopkit/policy.md"}
+    config = write(tmp_path, "shopkit", {"env": "mcp", "env_config": env_config,
+                                         "tasks": {"source": "jsonl", "path": "pkg://shopkit/tasks.jsonl"}})
+    result = runner.invoke(app, ["envs", "check", "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tasks"] == 1 and report["reference"]["passed"] == 1 and report["do_nothing"]["passed"] == 0
+    assert make_env("mcp", **env_config).policy == SHOPKIT_POLICY
+    # Not installed anywhere: one line naming both places looked at.
+    env_config["policy"] = "pkg://nowhere_kit/policy.md"
+    (tmp_path / "shopkit.yaml").write_text(yaml.safe_dump({"env": "mcp", "env_config": env_config, "tasks": {
+        "source": "jsonl", "path": "pkg://shopkit/tasks.jsonl"}}))
+    result = runner.invoke(app, ["envs", "check", "--config", str(config)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"package 'nowhere_kit' is not installed (in {venv}/bin/python nor in trajforge's environment)" in \
+        " ".join(result.output.split())

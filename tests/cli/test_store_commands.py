@@ -113,3 +113,23 @@ def test_expected_errors_are_one_line_without_traceback(dataset, tmp_path, probl
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+def test_stats_counts_the_episodes_a_simulated_user_broke(tmp_path):
+    """Why an export is empty: episodes kept but marked broken by the user check (`on_broken: mark`)."""
+    broken = {"ok": False, "turns": [{"step": 2, "label": "leaked_goal", "by": "rule", "reason": "r"}], "checked": 1,
+              "broken": 1}
+    fine = {"ok": True, "turns": [], "checked": 1, "broken": 0}
+    ds = Dataset.create(tmp_path / "ds", stage="test")
+    with ds.unit("u0") as unit:
+        for i, fidelity in enumerate([broken, broken, fine, None]):
+            record = tool_trajectory(i)
+            if fidelity is not None:
+                record = record.model_copy(update={"details": {"user_fidelity": fidelity}})
+            unit.write("trajectories", record)
+    result = runner.invoke(app, ["stats", str(ds.path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["user_fidelity"] == {"checked": 3, "broken": 2}
+    result = runner.invoke(app, ["stats", str(ds.path)])
+    assert result.exit_code == 0
+    assert "simulated user: checked 3 broken 2" in " ".join(result.output.split())

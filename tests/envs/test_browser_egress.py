@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,51 @@ def test_envs_check_reports_blocked_navigation_and_requests_as_errors(tmp_path: 
     errors = {e["index"]: e["error"] for e in report["reference_error_calls"]}
     assert errors[0] == f"cannot open {PRIVATE}: 10.255.255.1 is not an allowed host of this task (env_config.allowed_hosts)"
     assert errors[1].startswith(f"the page tried to open {METADATA}: 169.254.169.254 is not an allowed host")
+
+
+def test_webrtc_sends_no_udp_around_the_allowlist(tmp_path: Path) -> None:
+    """A page's RTCPeerConnection to a STUN server (a UDP listener here) gathers no candidate and sends nothing."""
+    from envs.base import Task
+    from envs.browser.env import BrowserEnv
+
+    stun = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stun.bind(("127.0.0.1", 0))
+    stun.setblocking(False)
+    port = stun.getsockname()[1]
+    (tmp_path / "index.html").write_text(f"""<!doctype html><title>rtc</title><p>calling</p><script>
+window.gathered = (async () => {{
+  const pc = new RTCPeerConnection({{iceServers: [{{urls: "stun:127.0.0.1:{port}"}}]}});
+  const found = [];
+  pc.onicecandidate = (e) => {{ if (e.candidate && e.candidate.candidate) found.push(e.candidate.candidate); }};
+  pc.createDataChannel("leak");
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise((done) => {{
+    if (pc.iceGatheringState === "complete") done();
+    pc.onicegatheringstatechange = () => {{ if (pc.iceGatheringState === "complete") done(); }};
+    setTimeout(done, 4000);
+  }});
+  pc.close();
+  return found;
+}})();
+</script>""")
+    task = Task(id="rtc", env="browser", instruction="Wait.", params={"start_url": "index.html"},
+                goal={"evaluation": [{"type": "js", "expression": "window.gathered.then(c => c.length === 0 ? 1 : 0)"}]})
+
+    async def main() -> str:
+        async with BrowserEnv(site_dir=str(tmp_path), observe=["axtree"]) as env:
+            await env.reset(task)
+            verdict = await env.evaluate()
+            return verdict.reason if not verdict.success else ""
+
+    try:
+        failed = asyncio.run(main())
+        packets = []
+        while True:
+            try:
+                packets.append(stun.recvfrom(2048))
+            except BlockingIOError:
+                break
+    finally:
+        stun.close()
+    assert packets == [], f"{len(packets)} UDP packet(s) reached the STUN listener"
+    assert failed == "", failed  # no host, srflx or relay candidate was gathered

@@ -210,3 +210,42 @@ def test_the_reward_variance_comes_from_independent_rollouts(tmp_path):
     assert all(b.get("temperature") == 1.0 and int(b.get("n") or 1) == 1 for b in first)
     # The variance selected the seed: its variants were written and checked.
     assert summary.counts["evolved_easier"] == 1
+
+
+MISMATCH = f"What is the status of my order {ORDER}? I'm Diego Johansson, zip 92776."
+
+
+def test_a_variant_no_agent_attempt_solves_is_not_verified_by_the_writers_replay(tmp_path):
+    """DreamGym keeps tasks the world verifies. In criteria mode the writer's solution is the criteria's own actions:
+    replaying them proves only that they are accepted. Here the instruction asks something else than its criteria
+    check; the band is wide open, so only the agent's attempts (judged by the criteria) can tell."""
+    def mismatch(body: dict) -> dict | None:
+        if str(body["messages"][-1].get("content") or "").startswith("EVOLVE TASK (easier)"):
+            return {"instruction": MISMATCH, "actions": CANCEL_CALLS, "communicate_info": [],
+                    "wrong_solutions": [WRONG_CANCEL]}
+        return None
+
+    def run(out: Path, **extra: Any) -> Dataset:
+        with FakeServer(rules=[Rule(fn=GenericModel(_references(), judge=mismatch))]) as server:
+            cfg = {"method": "curriculum", "env": "retail", "tasks": {"n": 1}, "rollouts": 2, "generations": 1,
+                   "select": 1, "max_steps": 8, "concurrency": 1, "unit_tasks": 1, "band": [-1.0, 2.0], **extra,
+                   "llm": {"backend": "openai", "base_url": server.base_url, "model": "fake-model",
+                           "api_key_env": None, "max_retries": 0, "request_timeout_s": 5}}
+            asyncio.run(generate(load_config(cfg), out))
+        return Dataset.open(out)
+
+    ds = run(tmp_path / "agent")
+    assert not [t for t in ds.iter_records() if t.details["curriculum"]["task_id"] == f"{SEED.id}/easier"]
+    rejected = [f for f in ds.iter_records("filtered") if f.record.details.get("curriculum", {}).get("task_id")
+                == f"{SEED.id}/easier"]
+    assert len(rejected) == 2 and {f.decision.filter for f in rejected} == {"evolution_check"}
+    assert rejected[0].decision.reason.startswith("no attempt of the agent met the task's check")
+    evolution = rejected[0].record.details["evolution"]
+    assert evolution["solved_by"] == "agent" and evolution["checks"][0] == {
+        "case": "solution", "passed": True, "reason": "goal state reached"}
+    assert evolution["checks"][-1] == {"case": "agent attempts", "passed": False,
+                                       "reason": "0 of 2 attempt(s) of the agent met the task's check"}
+    # The earlier check (the writer's replay alone), kept as an option, says so on each record.
+    kept = [t for t in run(tmp_path / "writer", solved_by="writer").iter_records()
+            if t.details["curriculum"]["task_id"] == f"{SEED.id}/easier"]
+    assert len(kept) == 2 and all(t.details["evolution"]["solved_by"] == "writer" and not t.success for t in kept)

@@ -46,7 +46,7 @@ def test_search_is_deterministic_for_a_scripted_model():
 
 def test_depth_cap_and_duplicate_merging():
     tree, _ = _search(SearchConfig(iterations=3, generations=8, max_depth=2))
-    # 8 samples but only 4 distinct actions per expansion; depth-capped leaves are revisited, not grown.
+    # 8 samples but only 4 distinct actions per expansion; depth-capped leaves are closed, never grown.
     assert all(len(n.children) == 4 for n in tree.expanded())
     assert tree.stats.duplicate_samples == 4 * len(tree.expanded())
     assert tree.depth() <= 2
@@ -59,3 +59,23 @@ def test_parallel_leaves_and_critical_path():
     assert len(tree.nodes) == 1 + 2 + 2 * 2
     assert tree.stats.expansions == 3
     assert tree.stats.critical_calls < tree.stats.model_calls
+
+
+def test_ended_paths_are_closed_and_no_iteration_is_spent_on_them():
+    """Agent-R's search (mcts_raw.py) never selects a terminal node again: every iteration expands an open node."""
+    tree, _ = _search(SearchConfig(iterations=3, generations=8, max_depth=2))
+    # Iteration 2 grew a depth-1 node into 4 depth-capped (ended) children; iteration 3 grows another node.
+    assert tree.stats.iterations == tree.stats.expansions == 3
+    assert len(tree.expanded()) == 3 and all(not n.terminal for n in tree.expanded())
+    assert all(n.closed for n in tree.nodes if n.depth == 2)
+    # Each ended path is counted once: the root's visits are exactly its descendants' backed-up outcomes.
+    assert tree.root.visits == len(tree.nodes) - 1
+
+
+def test_search_stops_when_every_path_has_ended():
+    tree, llm = _search(SearchConfig(iterations=10, generations=8, max_depth=1))
+    # One expansion ends every path (depth cap 1): the root closes and the other 9 iterations are not run.
+    assert tree.root.closed and tree.stats.exhausted == 1
+    assert tree.stats.iterations == tree.stats.expansions == 1
+    assert tree.root.visits == len(tree.root.children) == 4
+    assert len([r for r in llm.requests if r.n == 8]) == 1

@@ -31,7 +31,7 @@ def masked(steps) -> list[int]:
 
 @pytest.fixture(scope="module")
 def result():
-    method, _ = _method()
+    method, _ = _method(pairing="closest", max_pairs_per_task=4)  # trajforge's earlier rule, kept as an option
     return asyncio.run(method.run_task(TaskSpec(id=cancel_tasks(1)[0].id)))
 
 
@@ -87,7 +87,7 @@ def test_pairs_share_exactly_their_prefix(result):
 
 def test_first_error_sources():
     for verifier, source in (("rules", "rules"), ("divergence", "divergence")):
-        method, _ = _method(verifier=verifier, max_pairs_per_task=1)
+        method, _ = _method(verifier=verifier, max_pairs_per_task=1, pairing="closest")
         r = asyncio.run(method.run_task(TaskSpec(id=cancel_tasks(1)[0].id)))
         spliced = [t for t in r.trajectories if t.details["role"] == "spliced"]
         assert len(spliced) == 1 and spliced[0].details["splice"]["error_source"] == source
@@ -127,7 +127,7 @@ def test_method_run_writes_pairs_and_members(tmp_path):
 
 
 def test_model_written_revision_gets_the_error_context_and_is_spliced_trained():
-    method, llm = _method(revision="model")
+    method, llm = _method(revision="model", pairing="closest", max_pairs_per_task=4)
     task = cancel_tasks(1)[0]
     r = asyncio.run(method.run_task(TaskSpec(id=task.id)))
     spliced = [t for t in r.trajectories if t.details["role"] == "spliced"]
@@ -195,3 +195,88 @@ def test_ipr_rule():
     assert ipr_preference(1.0, 0.0, 0.4, 0.4, 0.01, 0.01) is None
     assert ipr_preference(1.0, 0.0, 0.4, 0.6, 0.01, 0.01) is None  # the two criteria disagree
     assert ipr_preference(1.0, 1.0, 0.8, 0.2, 0.01, 0.01) is None  # equal outcomes
+
+
+def test_all_good_bad_combinations_are_paired_as_agent_r():
+    """Agent-R's path_collection.py pairs every (high, low) leaf path whose value gap exceeds beta, uncapped."""
+    from generators.mcts import MCTS
+    from generators.mcts_splice import complete_paths
+
+    method, _ = _method()  # pairing: all, no cap (the defaults)
+    task = cancel_tasks(1)[0]
+    r = asyncio.run(method.run_task(TaskSpec(id=task.id)))
+    tree = asyncio.run(MCTS(method.make_env, method.policy(1.0), method.config.search,
+                            rollout_policy=method.policy(0.0)).search(method.env_tasks()[task.id]))
+    paths = complete_paths(tree)
+    good = [p for p in paths if p.reward >= 0.5]
+    expected = {(g.node, p.node) for g in good for p in paths if p is not g and g.reward - p.reward >= 0.2}
+    spliced = [t for t in r.trajectories if t.details["role"] == "spliced"]
+    got = {(t.details["splice"]["good_node"], t.details["splice"]["bad_node"]) for t in spliced}
+    assert len(good) > 1 and got == expected and len(got) == len(good) * (len(paths) - len(good)) > 4
+    assert all(t.details["splice"]["pairing"] == "all" for t in spliced)
+    assert r.counts["pairing_all"] == len(got)
+    trajectory_pairs = [p for p in r.pairs if p.level == "trajectory"]
+    assert len(trajectory_pairs) == len(got) and all(p.details["pairing"] == "all" for p in trajectory_pairs)
+
+
+def test_step_pair_members_never_become_sft_rows(tmp_path):
+    """A step pair's sides (a good prefix + one action) train through their pair only: an SFT export of the run
+    leaves them out, so the good path's prefix is not trained again as extra copies."""
+    from converters.export import ExportConfig, export
+    from converters.export.records import PAIR_MEMBER
+
+    method, _ = _method(search={"iterations": 2, "generations": 4})
+    ds = Dataset.create(tmp_path / "out", stage="generate:mcts_splice")
+    asyncio.run(method.run(method.tasks(), ds))
+    trajs = list(ds.iter_records())
+    members = [t for t in trajs if t.details["role"] == "step"]
+    assert members and all(t.details["pair_only"] is True for t in members)
+    report = export(ds.path, tmp_path / "sft", ExportConfig(format="trl-sft"))
+    assert report.skipped[PAIR_MEMBER] == len(members)
+    episodes = [t for t in trajs if t.details["role"] != "step" and t.success]
+    assert report.records_exported == len(episodes) > 0
+    # The pairs still hold them: the DPO export joins both sides.
+    dpo = export(ds.path, tmp_path / "dpo", ExportConfig(format="trl-dpo", dpo_level="step"))
+    assert dpo.rows > 0
+
+
+class _EmptyRevisionLLM(ScriptedRetailLLM):
+    """Writes empty revisions and a first-error verifier that calls every step good (names no error)."""
+
+    async def _complete(self, request):
+        text = request.messages[-1]["content"] if request.messages else ""
+        if REVISION_MARK in text:
+            return [self._to_completion("", request, 0)]
+        return await super()._complete(request)
+
+    def _judge(self, request):
+        answer = super()._judge(request)
+        for step in answer.get("steps", []):
+            step["verdict"], step["reason"] = "Good", "fine"
+        return answer
+
+
+def test_every_fallback_is_counted_warned_once_and_recorded(tmp_path, caplog):
+    from converters.export import ExportConfig, export
+
+    tasks = cancel_tasks(1)
+    method = MCTSSplice(MCTSSpliceConfig(tasks={"n": 1}, revision="model", verifier="llm"), _EmptyRevisionLLM(tasks))
+    asyncio.run(method.setup())
+    ds = Dataset.create(tmp_path / "out", stage="generate:mcts_splice")
+    with caplog.at_level("WARNING", logger="trajforge.generators"):
+        summary = asyncio.run(method.run(method.tasks(), ds))
+    spliced = [t for t in ds.iter_records() if t.details["role"] == "spliced"]
+    assert spliced and summary.counts["fallback_revision"] == summary.counts["fallback_first_error"] == len(spliced)
+    for t in spliced:
+        assert set(t.details["fallbacks"]) == {"revision", "first_error"}
+        assert t.details["splice"]["revision_writer"] == "template" and t.details["splice"]["error_source"] == "divergence"
+        # The record no longer claims a model revision.
+        assert t.details["rewrites"][0]["reason"] == "the revision thought (template), spliced in"
+    warnings = [r.getMessage() for r in caplog.records if "mcts_splice:" in r.getMessage()]
+    assert len([w for w in warnings if "revision" in w.split(":")[1]]) == 1
+    assert len([w for w in warnings if "first error" in w]) == 1
+    report = export(ds.path, tmp_path / "sft", ExportConfig(format="trl-sft"))
+    notes = {k: v for k, v in report.notes.items() if k.startswith("fallback in mcts_splice records")}
+    assert sorted(notes.values()) == [len(spliced)] * 2
+    card = (tmp_path / "sft" / "README.md").read_text()
+    assert "fallback in mcts_splice records: revision:" in card

@@ -130,3 +130,30 @@ def test_two_wrong_steps_are_masked_reflected_on_and_corrected(tmp_path):
     assert f.decision.filter == "outcome"
     assert re.match(r"still failed after 1 correction\(s\): reward 0\.0: the database differs", f.decision.reason)
     assert capped.counts["corrections"] == 1
+
+
+def test_the_reflection_context_holds_no_undone_observation(tmp_path):
+    """The wrong cancel succeeded in the world, then the world was put back: the record (and every later request of
+    the agent and the teacher) shows it as not carried out, never the cancellation it reported."""
+    from generators.reflection import UNDONE
+
+    with FakeServer(rules=[Rule(fn=agent)]) as acting, FakeServer(rules=[Rule(fn=teacher)]) as teaching:
+        inputs = _failed_rollout(tmp_path, acting)
+        cfg = {"method": "reflection", "env": "retail", "input": str(inputs), "max_steps": 10, "llm": _llm(acting),
+               "teacher": {"llm": {**_llm(teaching), "model": "teacher-model"}}}
+        asyncio.run(generate(load_config(cfg), tmp_path / "out"))
+        later = [e["body"] for e in acting.log if "body" in e and R2 in json.dumps(e["body"])]
+    [t] = list(Dataset.open(tmp_path / "out").iter_records())
+    wrong = [i for i, s in enumerate(t.steps) if s.kind == "api" and not s.train]
+    cancel = wrong[1]
+    assert t.steps[cancel].arguments["reason"] == WRONG_REASON
+    answer = t.steps[cancel + 1]
+    assert answer.kind == "text" and answer.content == UNDONE and answer.extra == {"undone": True}
+    assert answer.tool_call_id == t.steps[cancel].tool_call_id and not answer.train
+    # No observation anywhere in the record reports the undone cancellation (its reason appears in none).
+    assert not any(WRONG_REASON in str(s.content) for s in t.steps if s.kind == "text")
+    # The world's real answer is kept for audit on the correction only.
+    assert WRONG_REASON in t.details["reflection"]["corrections"][1]["undone_observation"]
+    # The agent continued from a context without it.
+    assert later and not any(WRONG_REASON in str(m.get("content")) for b in later for m in b["messages"]
+                             if m["role"] == "tool")

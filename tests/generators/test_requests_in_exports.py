@@ -137,11 +137,13 @@ def _config(method: str, world: str, inputs: Path | None) -> dict[str, Any]:
         "reflection": {**base, "input": str(inputs), "max_steps": 8},
         "self_challenging": {**base, "challenges": 1, "rollouts": 1, "max_steps": 4},
         # Relabelling rewrites every action's thought (declared written): without it the agent's rows are checked.
-        "ui_simulator": {**base, "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1, "max_steps": 4,
-                         "rewrite": False},
+        # (loop: propose: the agent's attempts are its rows; the paper's loop trains on wrapped explorations, every
+        # action declared written.)
+        "ui_simulator": {**base, "loop": "propose", "rounds": 1, "tasks_per_round": 1, "attempts": 1, "walk_steps": 1,
+                         "max_steps": 4, "rewrite": False},
         "tutorial_replay": {**base, "tutorials": [str(TUTORIAL)], "keywords": ["login"],
                             "sites": [{"name": "miniwob", "description": "MiniWoB++ task pages", "miniwob": True}],
-                            "max_steps": 6},
+                            "max_steps": 6, "train_prompt": "replay"},  # the prompt the agent replayed with
         "simia_sft": {"env": base["env"], "env_config": base["env_config"], "seeds": [str(inputs)],
                       "samples_per_seed": 1, "max_seeds": 1},
     }

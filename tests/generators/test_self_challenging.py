@@ -109,7 +109,7 @@ def _script(port: int):
         if first.startswith("WRITE CHALLENGE"):
             return challenges[int(re.search(r"#(\d+)", first).group(1))]
         if body.get("tools"):
-            attempt2 = "(Attempt 2.)" in body["messages"][0]["content"]
+            attempt2 = body.get("seed") == 1  # draw 1 of the agent (sampling seed 0 + 1), under the same prompt
             if not any(m["role"] == "tool" for m in body["messages"]):
                 call = CANCEL_MISTAKE if attempt2 else CANCEL
                 return ToolCallAnswer(call["name"], call["arguments"])
@@ -365,3 +365,60 @@ def test_the_challenger_writes_tasks_under_the_worlds_policy(tmp_path):
     # The executor's rollout is under the same policy.
     rollout = next(b for b in bodies if b.get("tools") and NOTE_TASK in json.dumps(b["messages"]))
     assert policy in rollout["messages"][0]["content"]
+
+
+class StrictNotesEnv(NotesEnv):
+    """Notes whose reads refuse a missing note (as a filesystem server's read_file of a file never written)."""
+
+    name = "strict_notes"
+
+    async def _act(self, action) -> StepResult:
+        if action.kind == "api" and action.function == "get_note" and action.arguments["key"] not in self.notes:
+            from envs.base import refused
+
+            return refused(action, f"no note {action.arguments['key']!r}")
+        return await super()._act(action)
+
+
+register_env("strict_notes", StrictNotesEnv, replace=True)
+
+
+def test_a_failure_case_whose_state_call_fails_is_not_done_and_attempts_carry_no_marker(tmp_path):
+    """Failure case 1 writes nothing, so reading the note it should have written fails: the task is not done there
+    (not a broken challenge). Attempts after the first are the agent's own draws under the very same prompt."""
+    with FakeServer(rules=[Rule(fn=_notes_script([]))]) as server:
+        llm = {"backend": "openai", "base_url": server.base_url, "model": "fake-model", "api_key_env": None,
+               "max_retries": 0, "request_timeout_s": 5}
+        cfg = load_config({"method": "self_challenging", "env": "strict_notes", "challenges": 1, "explore_steps": 0,
+                           "rollouts": 2, "max_steps": 4, "concurrency": 1, "llm": llm})
+        summary = asyncio.run(generate(cfg, tmp_path / "out"))
+        attempts = [e["body"] for e in server.log if "body" in e and e["body"].get("tools")
+                    and not any(m["role"] == "tool" for m in e["body"]["messages"])]
+    assert summary.counts["challenges_kept"] == 1, list(Dataset.open(tmp_path / "out").iter_records("filtered"))
+    rollouts = sorted(Dataset.open(tmp_path / "out").iter_records(), key=lambda t: t.id)
+    [kept] = [json.loads(line) for line in (tmp_path / "out" / "tasks.jsonl").read_text().splitlines()]
+    assert kept["id"] == "strict_notes-s0-challenge-0000"
+    assert len(rollouts) == 2 and all(t.reward == 1.0 for t in rollouts)
+    # No attempt marker in any recorded (trained) prompt: both rollouts open with the same system step.
+    assert rollouts[0].steps[0] == rollouts[1].steps[0]
+    assert not any("(Attempt" in json.dumps(t.model_dump(mode="json")) for t in rollouts)
+    assert [b.get("seed") for b in attempts] == [0, 1]
+    assert attempts[0]["messages"] == attempts[1]["messages"]
+
+
+def test_failure_case_state_call_failures_are_recorded_as_not_done(tmp_path):
+    from generators.self_challenging import SelfChallenging, SelfChallengingConfig, StateCallChallenge
+
+    method = SelfChallenging(SelfChallengingConfig(env="strict_notes"), None)
+    asyncio.run(method.setup())
+    challenge = StateCallChallenge.model_validate(
+        {"instruction": NOTE_TASK, "state_calls": [READ_FAREWELL], "verifier": NOTE_VERIFIER, "solution": [SET_BYE],
+         "failure_cases": [[], [_call("set_note", key="farewell", value="hi")],
+                           [_call("set_note", key="greeting", value="bye")]]})
+    task = method._task("c", NOTE_TASK, challenge)
+    reason, checks, _ = asyncio.run(method._validate(challenge, task))
+    assert reason is None
+    assert [(c["case"], c["passed"]) for c in checks] == [("solution", True), ("failure 1", False), ("failure 2", False),
+                                                          ("failure 3", False)]
+    assert checks[1]["error"] == "not done: state call 1 (get_note) failed: no note 'farewell'"
+    assert checks[3]["error"].startswith("not done: state call 1")

@@ -11,9 +11,11 @@ own logic, not only its plumbing:
   reference actions;
 - self_challenging: the challenger writes under the retail policy; its task is checked and the agent's rollout
   scored by its verifier;
-- simia_sft: failed episodes are no seeds; a seed keeps its own policy;
-- ui_simulator (MiniWoB in Chromium): the teacher explores under guides; attempts are judged and relabelled, their
-  thoughts rewritten;
+- simia_sft: failed episodes are no seeds; a seed keeps its own policy; its shipped chain (seeds from
+  demonstrations) yields data, broken simulated users excluded and counted;
+- ui_simulator (the paper's loop, as shipped): the teacher explores the simulated shop (pages written from recorded
+  real ones) under guides; the wrapped explorations are the rows, judged from the pages; its PAE-style option
+  (loop: propose, MiniWoB in Chromium): attempts are judged and relabelled, their thoughts rewritten;
 - tutorial_replay: its shipped config runs in tests/generators/test_tutorial_replay.py (the whole replay judged).
 
 Each config is first checked as shipped: it loads, acts in a real environment, and has a model of its own for
@@ -43,7 +45,7 @@ from generators.runner import load_config
 from schemas.models import ApiAction, MessageAction, Trajectory
 from schemas.store import Dataset
 from tests.conftest import REPO
-from tests.generators._browser_agent import LOGIN, first_user
+from tests.generators._browser_agent import LOGIN, bid, call, first_user
 from tests.generators._generic_model import GIVE_UP, GenericModel, _as_text, _from_text
 
 CONFIGS = REPO / "configs"
@@ -91,7 +93,8 @@ def test_every_method_ships_a_real_environment_config_with_models_of_its_own_for
             assert (config.llm.backend, config.llm.model) == ("fake", "reference-solution")
         else:
             assert config.llm.backend == "llamacpp" and config.llm.n_ctx == 8192
-        assert data["env"] in ("mcp", "browser"), name
+        # ui_simulator's world is the paper's: a simulated site grounded in real pages recorded in Chromium.
+        assert data["env"] in (("simulated",) if method == "ui_simulator" else ("mcp", "browser")), name
         if data["env"] == "mcp":  # one world: tau2's retail server, its train split (what one envs check checks)
             assert _world(data) == tau2, name
         instance = get_method(method)(config, None)
@@ -104,9 +107,10 @@ def test_every_method_ships_a_real_environment_config_with_models_of_its_own_for
     assert entry["method"] == "mcts_splice" and _world(entry) == tau2 and entry["judge"]["llm"]["model"] == "judge"
 
 
-@pytest.mark.parametrize("name", ["mcts_splice.yaml", "ui_simulator.yaml", "tutorial_replay.yaml"])
+@pytest.mark.parametrize("name", ["mcts_splice.yaml", "tutorial_replay.yaml", "ui_simulator_eval.yaml"])
 def test_the_shipped_configs_worlds_pass_envs_check(name: str, tmp_path: Path) -> None:
-    """tau2's world (every tau2 config has the same, see above) and the two browser worlds, on their first task."""
+    """tau2's world (every tau2 config has the same, see above) and the browser worlds, on their first task: the
+    tutorials' pages, and the real pages ui_simulator's simulated shop copies, where its output is measured."""
     data = _shipped(name)
     if data["env"] == "mcp":
         data["env_config"]["sessions"] = 1
@@ -172,14 +176,23 @@ def _login(body: dict[str, Any]) -> Any:
     return _as_text(LOGIN[done](parse_axtree(page[page.index("URL:"):])))
 
 
+SHOP_GUIDE = "Put the blue hat in the cart."
+SHOP_EXPLORE = [lambda p: call("click", bid=bid(p, "link", "Blue hat")),
+                lambda p: call("click", bid=bid(p, "button", "Add to cart"))]
+WRAPPED = "Add the blue hat to my cart."
+WRAPPED_ANSWER = "The blue hat is in your cart."
+
+
 def _explorer(prompt: str) -> dict[str, Any]:
-    """The teacher exploring MiniWoB's login page: one guide, the login moves under it."""
+    """The teacher exploring MiniWoB's login page (one guide, the login moves under it), or the simulated shop
+    (one guide: the blue hat into the cart)."""
     steps = prompt.split("Steps so far:\n", 1)[1].split("\n\n", 1)[0]
     taken = 0 if steps == "(none yet)" else len(steps.splitlines())
+    shop = "Tiny Shop" in prompt
     if prompt.startswith("TASK CONTROL"):
-        return {"completed": False, "guide": "Sign in with the given credentials."}
+        return {"completed": False, "guide": SHOP_GUIDE if shop else "Sign in with the given credentials."}
     page = prompt.split("Current page:\n", 1)[1].split("\n", 1)[1]
-    move: ToolCallAnswer = LOGIN[taken](parse_axtree(page))
+    move: ToolCallAnswer = (SHOP_EXPLORE if shop else LOGIN)[taken](parse_axtree(page))
     return {"thought": "The form asks for the credentials.", "action": {"tool": move.name, "arguments": move.arguments},
             "summary": f"Use the {move.name} action on the form."}
 
@@ -200,6 +213,14 @@ class Shipped:
         system = str(body["messages"][0].get("content") or "")
         if first.startswith(("TASK CONTROL", "EXPLORE STEP")):
             return _explorer(first)
+        if first.startswith("SIMULATE PAGE"):  # the simulated shop writes the real page retrieved first
+            found = re.search(r"\nReal page 1: on \S+ \(.*?\), .*? -> (\S+)\n(.*?)(?:\n\nReal page 2:|\Z)", first, re.S)
+            assert found, first
+            return {"url": found.group(1), "axtree": found.group(2), "done": False}
+        if first.startswith("WRAP TRAJECTORY"):
+            n = int(first.split("Agent steps: ", 1)[1].split("\n", 1)[0])
+            return {"instruction": WRAPPED, "thoughts": [f"Toward the hat, step {i + 1}." for i in range(n)],
+                    "answer": WRAPPED_ANSWER}
         if first.startswith("PROPOSE TASKS"):
             return {"tasks": [{"instruction": LOGIN_TASK, "expected_outcome": "the page accepts the sign-in"}]}
         if first.startswith("JUDGE TASK COMPLETION"):
@@ -253,7 +274,7 @@ class Runs:
     def __init__(self, root: Path, server: FakeServer) -> None:
         self.root, self.server = root, server
 
-    def run(self, method: str, **changes: Any) -> tuple[str, Path]:
+    def run(self, method: str, tag: str = "", **changes: Any) -> tuple[str, Path]:
         data = _shipped(SHIPPED[method])
         data["llm"] = _llm(self.server.base_url, "fake-actor")
         for role in ("judge", "teacher"):
@@ -263,9 +284,9 @@ class Runs:
             data["env_config"]["sessions"] = 1
             data["tasks"] = {**{k: v for k, v in data["tasks"].items() if k != "n"}, "ids": [TASK]}
         data.update(changes)
-        path = self.root / f"{method}.yaml"
+        path = self.root / f"{method}{tag}.yaml"
         path.write_text(yaml.safe_dump(data))
-        out = self.root / method
+        out = self.root / f"{method}{tag}"
         result = runner.invoke(app, ["generate", "--method", method, "--config", str(path), "--output", str(out)],
                                terminal_width=200)
         assert result.exit_code == 0, result.output
@@ -407,8 +428,66 @@ def test_simia_sft_uses_no_failed_episode_and_keeps_each_seeds_policy(runs: Runs
     assert "seeds whose episode failed (not used)" in printed
 
 
-def test_ui_simulator_explores_under_guides_judges_and_relabels_thoughts(runs: Runs) -> None:
-    _, out = runs.run("ui_simulator", tasks={"source": "miniwob", "options": {"tasks": ["login-user"]}}, rounds=1,
+def test_simia_sfts_shipped_chain_yields_data_from_seeds_no_model_had_to_solve(runs: Runs, tmp_path: Path) -> None:
+    """The chain simia_sft.yaml's header gives, as shipped: its seeds come from a config whose episodes succeed
+    without the acting model (the embedded model solves nothing, and failed episodes are no seeds); a seed whose
+    simulated user broke the episode is not used either, and counted."""
+    header = (CONFIGS / "simia_sft.yaml").read_text()
+    (method, config, seeds_out), *_ = re.findall(r"trajforge generate --method (\w+) --config configs/(\S+) "
+                                                 r"--output (\S+)", header)
+    assert _shipped("simia_sft.yaml")["seeds"] == [seeds_out] and SHIPPED[method] == config
+    before = len(runs.bodies())
+    _, demos = runs.run(method, "-seeds")
+    assert runs.bodies()[before:] == []  # no model was asked anything: the seeds do not depend on it
+    seeds = list(Dataset.open(demos).iter_records())
+    assert seeds and all(t.success for t in seeds)
+    broken = seeds[0].model_copy(update={"id": f"{seeds[0].id}-broken-user", "details": {
+        **seeds[0].details, "user_fidelity": {"ok": False, "reason": "the user answered as the agent"}}})
+    spoiled = Dataset.create(tmp_path / "spoiled", stage="test")
+    with spoiled.unit("u-000") as unit:
+        unit.write("trajectories", broken)
+    printed, out = runs.run("simia_sft", "-chain", seeds=[str(demos), str(tmp_path / "spoiled")], samples_per_seed=1)
+    written = list(Dataset.open(out).iter_records())
+    assert written and {t.provenance.parent_ids[0] for t in written} == {t.id for t in seeds}
+    assert "seeds whose simulated user broke the" in printed  # the summary table (wrapped)
+    report = json.loads((out / "_manifest.json").read_text())["last_run"]["report"]
+    assert report["seeds whose simulated user broke the episode (not used)"] == 1
+
+
+def test_ui_simulator_trains_on_the_teachers_wrapped_exploration_of_the_simulated_site(runs: Runs) -> None:
+    """The paper's loop as shipped: the simulated shop (pages written from recorded real ones), the teacher exploring
+    under a guide, the wrapper relabelling, the judge reading the pages; the rows are the wrapped explorations."""
+    before = len(runs.bodies())
+    _, out = runs.run("ui_simulator", rounds=1, walk_steps=2)
+    [t] = list(Dataset.open(out).iter_records())
+    assert t.details["loop"] == "wrap" and t.details["env"]["name"] == "simulated" and t.success
+    assert t.details["explore"]["guides"] == [{"guide": SHOP_GUIDE, "steps": ["Use the click action on the form."] * 2}]
+    # The teacher's actions, in the simulated world: its pages are the recorded real pages the simulator was given.
+    calls = [s for s in t.steps if s.kind == "api"]
+    assert [s.function for s in calls] == ["click", "click"]
+    pages = [s for s in t.steps if s.kind == "web"]
+    assert pages[0].url == "http://tinyshop.example/" and "Blue hat" in pages[1].axtree
+    bodies = runs.bodies()[before:]
+    assert sum(first_user(b).startswith("SIMULATE PAGE") for b in bodies) == 2
+    assert not any(first_user(b).startswith(("PROPOSE TASKS", "REWRITE INSTRUCTION")) for b in bodies)
+    assert not any("<tool_call>" in str(b["messages"][0]["content"]) for b in bodies)  # the agent never acted
+    # Wrapped: the user's request, every thought and the final answer are the wrapper's, declared written.
+    assert t.steps[0].name == "system" and t.steps[1].content == WRAPPED
+    assert [s.thought for s in calls] == ["Toward the hat, step 1.", "Toward the hat, step 2."]
+    assert t.steps[-1].kind == "message" and t.steps[-1].content == WRAPPED_ANSWER
+    [rewrite] = t.details["rewrites"]
+    assert rewrite["kind"] == "written" and rewrite["steps"] == [i for i, s in enumerate(t.steps)
+                                                                 if s.kind in ("api", "message")]
+    # The judge read the pages and actions, not the teacher's thoughts.
+    [judged] = [first_user(b) for b in bodies if first_user(b).startswith("JUDGE TASK COMPLETION")]
+    assert WRAPPED in judged and "Toward the hat" not in judged and "Add to cart" in judged
+    assert t.details["judge"]["reads"] == "world"
+
+
+def test_ui_simulator_propose_loop_explores_under_guides_judges_and_relabels_thoughts(runs: Runs) -> None:
+    _, out = runs.run("ui_simulator", "-propose", loop="propose", env="browser", start_urls=[],
+                      env_config={"observe": ["axtree"], "step_timeout_s": 30, "max_contexts": 2},
+                      tasks={"source": "miniwob", "options": {"tasks": ["login-user"]}}, rounds=1,
                       tasks_per_round=1, attempts=1, walk_steps=2)
     [t] = list(Dataset.open(out).iter_records())
     assert t.details["explore"]["guides"] == [{"guide": "Sign in with the given credentials.",
@@ -418,4 +497,4 @@ def test_ui_simulator_explores_under_guides_judges_and_relabels_thoughts(runs: R
     assert [s.thought for s in actions] == [f"To log in as the page's user, step {i + 1}." for i in range(len(actions))]
     assert t.details["roles"] == {"explorer": "openai:fake-judge", "proposer": "openai:fake-judge",
                                   "judge": "openai:fake-judge", "relabeller": "openai:fake-judge"}
-    assert t.details["actor_roles"] == []
+    assert t.details["actor_roles"] == [] and t.details["loop"] == "propose"

@@ -49,7 +49,9 @@ def test_labels_reasons_and_agreement(tmp_path):
     # [2] the wrong cancel (masked) is bad, the revision [4] stays unlabeled, the rest is good.
     assert labels[0] == (2, "bad") and labels[1] == (4, "unknown")
     assert all(lab == "good" for _, lab in labels[2:])
-    assert spliced.steps[2].extra["judge_reason"] and spliced.steps[2].extra["rule_label"] == "bad"
+    # Ground truth (the replay) wins over the judge: its label is written, the judge's is kept beside it.
+    assert spliced.steps[2].extra["judge_reason"] and spliced.steps[2].extra["judge"] == "replay"
+    assert spliced.steps[2].extra["llm_label"] == "bad" and "rule_label" not in spliced.steps[2].extra
     # They disagree only where the scripted judge calls a reference call good although it errs
     # (the correct cancel after the wrong one): the rules see the error.
     # The retail rules replay the world: they are ground truth ("replay") to measure the judge against.
@@ -60,7 +62,8 @@ def test_labels_reasons_and_agreement(tmp_path):
     assert stats["bad_precision"] == 1.0 and 0 < stats["bad_recall"] < 1.0
     assert Dataset.open(out).manifest()["step_verify"] == {"replay": stats, "ground_truth": stats}
     assert spliced.details["step_verify"] == {"reference": "replay", "ground_truth": True, "compared": 5,
-                                              "accuracy": 1.0, "kappa": 1.0, "bad_precision": 1.0, "bad_recall": 1.0}
+                                              "accuracy": 1.0, "kappa": 1.0, "bad_precision": 1.0, "bad_recall": 1.0,
+                                              "label_sources": {"replay": 5}}
 
 
 def test_kappa_math():
@@ -188,16 +191,20 @@ def test_judge_is_measured_against_reference_actions_and_the_cli_prints_it(tmp_p
     assert "judge vs reference actions compared 4, accuracy 0.75, kappa 0.5, bad precision 1.0, bad recall 0.5" in printed
     assert "judge LLM calls 5" in printed  # one per agent step
     (out,) = Dataset.open(tmp_path / "verified").iter_records()
-    assert out.details["step_verify"] == {"reference": "reference", "ground_truth": True, **stats}
-    labels = {i: (s.label, s.extra.get("truth_label"), s.extra.get("truth_reason")) for i, s in enumerate(out.steps)
-              if s.kind in ("api", "message")}
+    # Ground truth wins over the judge where both exist: the judge's label is written only at [9], where the
+    # reference actions say nothing; the judge's misses ([5]) stay beside the written label.
+    assert out.details["step_verify"] == {"reference": "reference", "ground_truth": True, **stats,
+                                          "label_sources": {"llm": 1, "reference": 4}}
+    labels = {i: (s.label, s.extra["judge"], s.extra.get("llm_label"), s.extra.get("truth_reason"))
+              for i, s in enumerate(out.steps) if s.kind in ("api", "message")}
     assert labels == {
-        1: ("good", "good", "read-only call succeeded"),
-        3: ("bad", "bad", "a write (cancel_pending_order) that matches no reference action"),
-        5: ("good", "bad", "tool error: Error: order #W9 not found"),
-        7: ("good", "good", "matches reference action 2 (cancel_pending_order)"),
-        9: ("good", None, None)}
-    assert out.steps[3].extra["judge_reason"] == "wrong cancel reason"
+        1: ("good", "reference", "good", "read-only call succeeded"),
+        3: ("bad", "reference", "bad", "a write (cancel_pending_order) that matches no reference action"),
+        5: ("bad", "reference", "good", "tool error: Error: order #W9 not found"),
+        7: ("good", "reference", "good", "matches reference action 2 (cancel_pending_order)"),
+        9: ("good", "llm", None, None)}
+    assert out.steps[3].extra["llm_reason"] == "wrong cancel reason"
+    assert out.steps[3].extra["judge_reason"] == "a write (cancel_pending_order) that matches no reference action"
 
 
 def test_the_judge_gets_the_rules_the_agent_followed(tmp_path):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -201,8 +203,14 @@ def test_kept_trajectories_start_with_their_tutorials_goal(run: dict[str, Any]) 
         mine = [b for b in agent_requests if text_of(b["messages"][1]) == goal]
         assert mine and all(step in mine[0]["messages"][0]["content"] for step in SPECS[tid]["steps"])
         assert "Follow it step by step" in mine[0]["messages"][0]["content"]
-        # That system prompt, guidance and all, is the record's first step: exports train with what the agent saw.
-        assert traj.steps[0].name == "system" and traj.steps[0].content == mine[0]["messages"][0]["content"]
+        # The trained agent acts from the goal alone: the record's system prompt has no tutorial step; the one the
+        # agent replayed with is kept, and every action is declared answered to that other prompt.
+        assert traj.steps[0].name == "system" and "Follow it step by step" not in traj.steps[0].content
+        assert not any(step in traj.steps[0].content for step in SPECS[tid]["steps"])
+        assert traj.details["replay_prompt"] == mine[0]["messages"][0]["content"]
+        assert traj.details["train_prompt"] == "goal"
+        assert traj.details["rewrites"] == [{"steps": [i for i, s in enumerate(traj.steps) if s.kind in ("api", "message")],
+                                             "kind": "context", "reason": traj.details["rewrites"][0]["reason"]}]
     socks = run["kept"]["tiny-shop-order-socks"]
     assert socks.steps[-2].kind == "message" and "Order placed" in socks.steps[-3].axtree
     assert socks.details["success_source"] == "judge" and socks.details["judge"]["model"] == "openai:fake-judge"
@@ -307,3 +315,61 @@ def test_replay_in_the_simulated_web_env(tmp_path: Path) -> None:
     assert summary.counts["replay_success"] == 1 and traj.success
     assert traj.steps[1].content == SPECS[tid]["goal"] and traj.steps[2].kind == "web"
     assert len(starts) == 1 and "https://tinyshop.example/search.html?q=scarf" in starts[0]
+
+
+def test_exported_rows_of_the_shipped_replays_hold_no_tutorial_step(run: dict[str, Any], tmp_path: Path) -> None:
+    """What trains is what the agent will see: the goal, not the tutorial it replayed (`train_prompt: goal`)."""
+    from flows.cli import app
+
+    exported = CliRunner().invoke(app, ["export", str(run["out"]), "--format", "trl-sft", "--output",
+                                        str(tmp_path / "sft")], terminal_width=240)
+    assert exported.exit_code == 0, exported.output
+    rows = pq.read_table(tmp_path / "sft" / "data").to_pylist()
+    assert {r["id"] for r in rows} >= {t.id for t in run["kept"].values()}
+    for row in rows:
+        prompt = json.dumps(row["prompt"], default=str)
+        assert "Follow it step by step" not in prompt and "Steps:" not in prompt, row["id"]
+        assert not any(step in prompt for spec in SPECS.values() for step in spec["steps"]), row["id"]
+
+
+def test_the_judge_reads_the_pages_not_the_agents_claims_and_replays_are_draws(tmp_path: Path) -> None:
+    """A text-mode agent that claims success in its thoughts: the judge does not read the claim (only with
+    judge.self_report); the second replay is another draw of the agent, with no attempt marker in its prompt."""
+    tid = "tiny-shop-find-a-price"
+    claim = "I have verified the price on the page, the task is complete."
+
+    def script(body: dict[str, Any]) -> Any:
+        first = first_user(body)
+        if first.startswith("CLASSIFY THIS TEXT"):
+            return CLASSES[tid]
+        if first.startswith("WRITE THE TASK SPEC"):
+            return {**SPECS[tid], "start_url": "/search.html?q=scarf"}
+        if first.startswith("SIMULATE"):
+            return {"url": "https://tinyshop.example/search.html?q=scarf", "done": False,
+                    "axtree": '{"elements": [{"bid": "1", "role": "link", "name": "Green scarf"}]}'}
+        if first.startswith("JUDGE THIS REPLAY"):
+            return {"reason": "the page lists the scarf", "success": True}
+        if "<tool_call>" in text_of(body["messages"][0]):
+            if any(m["role"] == "tool" or "Observation" in text_of(m) for m in body["messages"][2:]):
+                return "The green scarf costs 9.00."
+            return f'{claim}\n<tool_call>{{"name": "click", "arguments": {{"bid": "1"}}}}</tool_call>'
+        return None
+
+    for self_report in (False, True):
+        out = tmp_path / f"out-{self_report}"
+        with FakeServer(rules=[Rule(fn=script)]) as server:
+            cfg = _config(server.base_url, [str(TUTORIALS / f"{tid}.md")], env="simulated", agent_mode="text",
+                          env_config={"mode": "web", "policy": "Tiny Shop, a small web shop."}, replays=2,
+                          sites=[{**SITES[0], "url": "https://tinyshop.example/"}],
+                          judge={"llm": _llm(server.base_url, "fake-judge"), "self_report": self_report})
+            asyncio.run(generate(load_config(cfg), out))
+            bodies = [e["body"] for e in server.log if "body" in e]
+        judged = [first_user(b) for b in bodies if first_user(b).startswith("JUDGE THIS REPLAY")]
+        assert judged and all((claim in j) == self_report for j in judged)  # the two replays read alike: one call
+        assert all('call click({"bid":"1"})' in j for j in judged)  # the action itself is the world's to see
+        kept = sorted(Dataset.open(out).iter_records(), key=lambda t: t.id)
+        assert [t.details["judge"]["reads"] for t in kept] == ["world+self_report" if self_report else "world"] * 2
+        agent = [b for b in bodies if "<tool_call>" in text_of(b["messages"][0])]
+        assert {b.get("seed") for b in agent} == {0, 1}
+        assert not any("Attempt" in text_of(b["messages"][0]) for b in agent)
+        assert not any("Attempt" in t.steps[0].content or "Attempt" in t.details["replay_prompt"] for t in kept)

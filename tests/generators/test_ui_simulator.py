@@ -11,6 +11,7 @@ import re
 import pytest
 
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
+from envs.pages import page_elements
 from generators.runner import generate, load_config
 from schemas.store import Dataset
 
@@ -37,8 +38,8 @@ def _first_user(body: dict) -> str:
 
 
 def _attempt(body: dict) -> int:
-    found = re.search(r"\(Attempt (\d+)\.\)", body["messages"][0]["content"])
-    return int(found.group(1)) if found else 1
+    """Attempt k is the agent's draw k - 1: its own sampling seed (the run's seed is 0)."""
+    return int(body.get("seed") or 0) + 1
 
 
 def _agent(body: dict):
@@ -88,7 +89,7 @@ def script(body: dict):
 
 def _config(base_url: str, **extra) -> dict:
     return {
-        "method": "ui_simulator", "env": "simulated",
+        "method": "ui_simulator", "loop": "propose", "env": "simulated",
         "env_config": {"mode": "web", "policy": "A small web shop that sells mugs."},
         "rounds": 2, "tasks_per_round": 3, "walk_steps": 1, "attempts": 4, "max_failures": 2, "max_steps": 4,
         "grow": True, "band_low": 0.25, "band_high": 0.75, "variants_per_task": 2, "grow_rounds": 1,
@@ -125,6 +126,8 @@ def test_ui_simulator_propose_rollout_judge_rewrite_grow_by_success_rate(tmp_pat
     for t in kept.values():
         assert t.success is True and t.reward == 1.0 and t.source == "ui_simulator"
         assert t.steps[0].name == "system" and t.steps[1].source == "user"
+        # Attempts are distinct draws (their own seeds); nothing in the prompt exports train on names the attempt.
+        assert "Attempt" not in t.steps[0].content and t.details["loop"] in ("propose", "grow")
         assert t.steps[1].content == f"Rewritten: {t.details['original_instruction']}"
         assert t.details["rewritten_instruction"] == t.steps[1].content
         # Each action's thought was rewritten for the new instruction (the agent's own kept), and the record says
@@ -221,6 +224,11 @@ def test_the_teacher_explores_with_step_wise_task_control(tmp_path):
 def test_grow_without_a_student_needs_four_attempts():
     with pytest.raises(ValueError, match="needs attempts >= 4"):
         load_config(_config("http://127.0.0.1:9/v1", attempts=2))
+    # The paper's loop has one wrapped trajectory per task: only the student's loss can rank them.
+    with pytest.raises(ValueError, match="grow with loop: wrap ranks the wrapped tasks by the student's loss"):
+        load_config(_config("http://127.0.0.1:9/v1", loop="wrap"))
+    with pytest.raises(ValueError, match="loop: wrap makes its trajectories from the teacher's exploration"):
+        load_config(_config("http://127.0.0.1:9/v1", loop="wrap", grow=False, explore="random"))
 
 
 def test_grow_by_success_rate_measures_every_task_over_all_its_attempts(tmp_path):
@@ -343,3 +351,54 @@ def test_ui_simulator_in_the_web_shop(tmp_path):
     assert "Welcome to the shop" in _first_user(proposer) and len(t.details["walk"]) == 3
     assert t.steps[1].content == "Tell me a category of the shop." and t.steps[2].kind == "web"
     assert "rewritten_instruction" not in t.details and "rewrites" not in t.details
+
+
+STARTS = {"/": "Task A.", "/cart": "Task B.", "/search?q=mug": "Task C.", "/search?q=cup": "Task D.",
+          "/search?q=tea": "Task E."}
+
+
+def _wrapping_shop(body: dict):
+    """The paper's loop in the web shop: the teacher clicks the page's first link under one guide; the wrapper names
+    each exploration by the page it started on; the agent does each grown variant; the judge reads the pages."""
+    prompt = _first_user(body)
+    if body.get("tools"):
+        return "Done."
+    if prompt.startswith("TASK CONTROL"):
+        return {"completed": False, "guide": "Look around."}
+    if prompt.startswith("EXPLORE STEP"):
+        page = prompt.split("Current page:\n", 1)[1].split("\n", 1)[1]
+        link = next(e for e in page_elements(page) if e.role == "link" and e.bid)
+        return {"thought": "A link.", "action": {"tool": "click", "arguments": {"bid": link.bid}}, "summary": "Follow it."}
+    if prompt.startswith("WRAP TRAJECTORY"):
+        n = int(prompt.split("Agent steps: ", 1)[1].split("\n", 1)[0])
+        first = prompt.split("SEEN: page http://shop.local", 1)[1].split("\n", 1)[0]
+        return {"instruction": STARTS[first], "thoughts": ["Go on."] * n, "answer": "Done."}
+    if prompt.startswith("JUDGE TASK COMPLETION"):
+        return {"reasoning": "the pages show it", "success": True}
+    if prompt.startswith("GROW TASK VARIANTS"):
+        task = prompt.split("Task: ", 1)[1].split("\n", 1)[0]
+        return {"variants": [{"instruction": f"{task} Twice.", "expected_outcome": "done", "direction": "harder"}]}
+    return None
+
+
+def test_grow_in_the_papers_loop_ranks_the_wrapped_explorations_by_the_students_loss(tmp_path):
+    config = _config("", loop="wrap", env="web", env_config={"seed": 0}, rounds=5, walk_steps=1, attempts=1,
+                     start_urls=list(STARTS))
+    with FakeServer(prompt_logprob=_student_loss) as student:
+        config["student"] = {"llm": {**config["llm"], "base_url": student.base_url, "model": "student"}}
+        with FakeServer(rules=[Rule(fn=_wrapping_shop)]) as server:
+            config["llm"]["base_url"] = server.base_url
+            summary = asyncio.run(generate(load_config(config), tmp_path / "out"))
+            bodies = [e["body"] for e in server.log if "body" in e]
+        scored = [e["body"] for e in student.log if "body" in e]
+    records = list(Dataset.open(tmp_path / "out").iter_records())
+    wrapped = {t.steps[1].content: t for t in records if t.details["loop"] == "wrap"}
+    assert sorted(wrapped) == sorted(STARTS.values()) and len(scored) == 5
+    assert not any(_first_user(b).startswith("PROPOSE TASKS") for b in bodies)
+    grown = {t.details["original_instruction"]: t for t in records if t.details["loop"] == "grow"}
+    assert sorted(grown) == ["Task B. Twice.", "Task C. Twice.", "Task D. Twice."]
+    for t in grown.values():
+        parent = wrapped[t.details["original_instruction"].removesuffix(" Twice.")]
+        assert t.provenance.parent_ids == [parent.details["task"]["id"]]
+        assert t.details["grow"]["selected_by"] == "student_loss"
+    assert summary.counts["wrapped"] == 5 and summary.counts["grow_selected_by_student_loss"] == 3

@@ -37,8 +37,8 @@ PRICES = {HAT: ("Blue hat", "12.00"), SCARF: ("Green scarf", "9.00")}
 
 
 def _attempt(body: dict[str, Any]) -> int:
-    found = re.search(r"\(Attempt (\d+)\.\)", text_of(body["messages"][0]))
-    return int(found.group(1)) if found else 1
+    """Attempt k is the agent's draw k - 1: its own sampling seed (the run's seed is 0)."""
+    return int(body.get("seed") or 0) + 1
 
 
 def shop_agent(body: dict[str, Any]) -> Any:
@@ -113,7 +113,7 @@ def _run(config: dict[str, Any], out: Path, model: Any) -> tuple[Any, list[dict[
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ui-simulator-browser") / "out"
-    config = {"method": "ui_simulator", "env": "browser", "env_config": {"site_dir": str(SHOP), **BROWSER},
+    config = {"method": "ui_simulator", "loop": "propose", "env": "browser", "env_config": {"site_dir": str(SHOP), **BROWSER},
               "rounds": 1, "tasks_per_round": 2, "walk_steps": 3, "attempts": 4, "max_failures": 4, "max_steps": 10,
               "grow": True, "variants_per_task": 1, "concurrency": 1}
     summary, log = _run(config, out, shop_model)
@@ -254,7 +254,7 @@ def seeded_simulator(body: dict[str, Any]) -> Any:
 def test_ui_simulator_in_the_simulated_env_seeded_from_recorded_real_states(shop: dict[str, Any],
                                                                             tmp_path: Path) -> None:
     states = shop["out"] / "real_states.jsonl"
-    config = {"method": "ui_simulator", "env": "simulated",
+    config = {"method": "ui_simulator", "loop": "propose", "env": "simulated",
               "env_config": {"mode": "web", "policy": "Tiny Shop, a small web shop.", "real_states": str(states)},
               "rounds": 1, "tasks_per_round": 1, "walk_steps": 2, "explore": "random", "attempts": 1, "max_steps": 4}
     summary, log = _run(config, tmp_path / "out", seeded_simulator)

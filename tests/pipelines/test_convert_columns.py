@@ -27,8 +27,10 @@ from schemas.models import (
     MessageAction,
     Provenance,
     TextObservation,
+    Tokens,
     Tool,
     Trajectory,
+    Usage,
     WebObservation,
 )
 from schemas.store import Dataset
@@ -48,9 +50,10 @@ def _every_field() -> list[Trajectory]:
         TextObservation(content="héllo ✓", source="user", name="u", reward=0.5, label="good", train=False,
                         extra={"k": [1, None, {"n": 2**70}]}),
         ApiAction(function="f", arguments={"a": 1, "b": [True, None]}, thought="t", reasoning="r", tool_call_id="c1"),
-        ApiAction(function="g"),
+        ApiAction(function="g", usage=Usage(model="m", prompt_tokens=2, tokens=Tokens(
+            prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.25], tokenizer="tok", chat_template="ab12"))),
         CodeAction(language="python", content="print(1)", thought=None, reasoning="why"),
-        MessageAction(content="done", label="bad"),
+        MessageAction(content="done", label="bad", usage=Usage(model="m", cached=True)),
         JsonObservation(content={"x": [1.5, "y"]}, name="tool"),
         JsonObservation(content=None),
         ImageObservation(image=shot),

@@ -42,7 +42,8 @@ QUARANTINE_REASON = "ConversionError: `steps[2].arguments` is not a JSON object"
 
 def spliced_output() -> tuple[list[Trajectory], list]:
     task = cancel_tasks(1)[0]
-    method = MCTSSplice(MCTSSpliceConfig(tasks={"n": 1}), ScriptedRetailLLM([task]))
+    # The closest-pair rule keeps the fixture small (the viewer is under test here, not the pairing).
+    method = MCTSSplice(MCTSSpliceConfig(tasks={"n": 1}, pairing="closest", max_pairs_per_task=4), ScriptedRetailLLM([task]))
 
     async def run() -> Any:
         await method.setup()
