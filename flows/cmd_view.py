@@ -9,6 +9,7 @@ import typer
 
 from flows import args
 from flows.console import console, err_console, fail
+from viewer.reports import find_reports
 from viewer.sources import ViewError, discover
 
 LOOPBACK_NAMES = ["127.0.0.1", "::1", "localhost"]
@@ -23,13 +24,15 @@ def view(
     tokenizer: Annotated[Path | None, typer.Option(
         help="A tokenizer directory: export previews then show which tokens carry loss.")] = None,
 ) -> None:
-    """Serve a read-only web page over datasets and exports: search, filters, trajectories, pairs, quarantine."""
+    """Serve a read-only web page over datasets, exports and eval / improve reports: search, filters, trajectories,
+    pairs, quarantine, per-task pass rates and failures, before / after training."""
     # The web stack is imported here, so other commands do not pay for it.
     from viewer.server import bind, create_app, is_loopback, resolve_host, serve
 
     args.port(port)
     try:
         sources = discover(paths)
+        reports = find_reports(paths)
         _, address = resolve_host(host, port)
         if tokenizer is not None and not tokenizer.exists():
             raise ViewError(f"--tokenizer {tokenizer}: no such file or directory")
@@ -42,10 +45,12 @@ def view(
                           "machine can read these datasets", highlight=False)
     # Behind loopback, only loopback Host headers: a web page elsewhere cannot reach it by DNS rebinding.
     allowed = sorted({*LOOPBACK_NAMES, host}) if loopback else None
-    app = create_app(sources, tokenizer=tokenizer, allowed_hosts=allowed)
+    app = create_app(sources, tokenizer=tokenizer, allowed_hosts=allowed, reports=reports)
     console.print(f"trajforge view: {len(sources)} source(s), read-only", highlight=False)
     for source in sources:
         console.print(f"  {source.name}  ({source.kind}{', ' + source.format if source.format else ''})", highlight=False)
+    for report in reports:
+        console.print(f"  {report.name}  ({report.kind} report)", highlight=False)
     bound = sock.getsockname()[1]
     shown = host if ":" not in host else f"[{host}]"
     console.print(f"serving http://{shown}:{bound}/  (Ctrl-C stops it)", highlight=False)

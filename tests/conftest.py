@@ -45,7 +45,8 @@ HEAVY_FILES = (
     "flows/test_pipeline_flow.py", "flows/test_work_pool.py", "reliability/test_crash_resume.py",
     "pipelines/test_portable.py", "flows/test_improve.py", "reliability/test_data_safety.py",
     "export/test_loss_share.py", "flows/test_pipeline_decontam.py", "flows/test_agent_r.py",
-    "viewer/test_viewer_browser.py", "reliability/test_secret_stages.py", "pipelines/test_convert_pipeline.py",
+    "viewer/test_viewer_browser.py", "viewer/test_viewer_reports.py", "reliability/test_secret_stages.py",
+    "pipelines/test_convert_pipeline.py",
     "generators/test_shipped_configs.py", "cli/test_own_servers.py", "training/test_train.py",
 )
 

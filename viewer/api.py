@@ -2,16 +2,19 @@
 
 Every method returns plain data for one endpoint or raises ViewError (NotFound) with a one-line
 message. Facets (`trajforge stats`) and export options (a pre-scan for trl-sft's layout) are
-computed once per manifest version of a dataset and cached.
+computed once per manifest version of a dataset and cached; facets start computing in the
+background when the server starts.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
 import duckdb
+import pyarrow as pa
 
 from converters.export.render import Unrenderable
 from schemas.arrow import pair_from_row, trajectory_from_row
@@ -21,6 +24,8 @@ from viewer import preview
 from viewer.loss_tokens import TOKEN_FORMATS, LossTokenError, loss_tokens
 from viewer.queries import ListRequest, Store
 from viewer.records import INVALID, pair_view, trajectory_view
+from viewer.reports import (EPISODES_SQL, EVAL_REPORT, IMPROVE_REPORT, MAX_EPISODES, Report, eval_view, improve_view,
+                            locations, plots, read_json)
 from viewer.sources import Source, ViewError, first_line, unreadable
 
 
@@ -31,21 +36,47 @@ class NotFound(ViewError):
 class Viewer:
     """The state behind the API: the sources, their DuckDB store, cached facets and export options."""
 
-    def __init__(self, sources: list[Source], tokenizer: Path | None = None) -> None:
+    def __init__(self, sources: list[Source], tokenizer: Path | None = None, reports: list[Report] | None = None) -> None:
         self.store = Store(sources)
         self.tokenizer = tokenizer
-        self._cache: dict[tuple[Any, ...], Any] = {}
+        self.report_list = reports or []
+        self._cache: dict[tuple[Any, ...], Future[Any]] = {}
         self._lock = threading.Lock()
 
     def cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        """`make()` once per key; keys carry the manifest version, so a dataset that grows is re-read."""
+        """`make()` once per key; keys carry the manifest version, so a dataset that grows is re-read. A
+        caller asking while another computes the same key waits for that result (no second scan)."""
         with self._lock:
-            if key in self._cache:
-                return self._cache[key]
-        value = make()
-        with self._lock:
-            self._cache[key] = value
-        return value
+            future = self._cache.get(key)
+            owner = future is None
+            if owner:
+                future = self._cache[key] = Future()
+        if not owner:
+            return future.result()
+        try:
+            future.set_result(make())
+        except BaseException as exc:
+            with self._lock:
+                del self._cache[key]  # a failure is not kept: the next request tries again
+            future.set_exception(exc)
+        return future.result()
+
+    def warm(self) -> threading.Thread:
+        """Compute every dataset's facets in the background, from the start: the page asks for them
+        with its first list, and a large dataset's first count of its shards takes seconds."""
+        def run() -> None:
+            # At the requests' own priority: below it (nice), a loaded machine starves it, and the page's
+            # request for the facets waits on it all the same.
+            for i, source in enumerate(self.store.sources):
+                if source.kind == "dataset":
+                    try:
+                        self.facets(i)
+                    except Exception:  # noqa: BLE001 - the request for them reports the error
+                        pass
+
+        thread = threading.Thread(target=run, name="trajforge-view-facets", daemon=True)
+        thread.start()
+        return thread
 
     # ---- sources and lists ----------------------------------------------------------------------
 
@@ -75,7 +106,7 @@ class Viewer:
                 return dataset_stats(source.dataset())
             except StoreError as exc:
                 raise ViewError(str(exc)) from None
-            except duckdb.Error as exc:
+            except (duckdb.Error, pa.ArrowException, OSError) as exc:  # the shards are read by both
                 raise unreadable(source.path, exc) from None
 
         return self.cached(("facets", i, self.store.manifest_version(i)), make)
@@ -137,6 +168,33 @@ class Viewer:
             if source.kind == "dataset" and self.store.by_id(i, "trajectories", record_id):
                 found.append(i)
         return {"id": record_id, "sources": found}
+
+    # ---- eval and improve reports ---------------------------------------------------------------
+
+    def reports(self) -> list[dict[str, Any]]:
+        where = locations(self.report_list, self.store.sources)
+        return [{"index": r, "name": rep.name, "path": str(rep.path), "kind": rep.kind,
+                 "source": where.get(rep.path.resolve(), {}).get("source")} for r, rep in enumerate(self.report_list)]
+
+    def report_at(self, r: int) -> Report:
+        if not 0 <= r < len(self.report_list):
+            raise NotFound(f"no report {r}; there are {len(self.report_list)}")
+        return self.report_list[r]
+
+    def report(self, r: int) -> dict[str, Any]:
+        """An eval's or an improve run's page, read from the files its command wrote (re-read on each call:
+        small files, and a run still going rewrites them)."""
+        rep = self.report_at(r)
+        where = locations(self.report_list, self.store.sources)
+        head = {"index": r, "name": rep.name, "path": str(rep.path), "plots": plots(rep.path)}
+        if rep.kind == "improve":
+            return {**head, **improve_view(rep.path, read_json(rep.path / IMPROVE_REPORT), where)}
+        source = where.get(rep.path.resolve(), {}).get("source")
+        episodes: list[dict[str, Any]] = []
+        relation = self.store.relation(source, "trajectories") if source is not None else None
+        if relation is not None:
+            episodes = self.store.rows(EPISODES_SQL.format(relation=relation, limit=MAX_EPISODES + 1))
+        return {**head, **eval_view(read_json(rep.path / EVAL_REPORT), episodes, source)}
 
     # ---- export preview -------------------------------------------------------------------------
 

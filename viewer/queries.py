@@ -2,9 +2,11 @@
 
 Nothing is loaded whole: a list is one `SELECT ... WHERE ... [ORDER BY] LIMIT/OFFSET` over the
 shard files the manifest lists, and its count one `count(*)` with the same WHERE. In dataset
-order (the default sort) a page reads only the row groups it shows; a sort reads the sort key of
-every row (DuckDB keeps the top rows and fetches the rest of theirs late). Per-row summaries (task,
-masked and labelled steps) are computed only for the rows of the page.
+order (the default sort) a page reads only the row groups it shows; a sorted page first finds
+where its rows are by the sort key alone (file and row), then reads those rows' columns, only the
+leaf fields of the steps the page shows (pyarrow; DuckDB would read every field of the steps). A
+sort by steps with no search or filter takes the step counts from one leaf of the steps, per shard.
+Per-row summaries (task, masked and labelled steps) are computed only for the rows of the page.
 
 The connection is in memory and the shards are only read: DuckDB's spill directory is a private
 temp folder, never the dataset, and its memory is capped.
@@ -12,17 +14,23 @@ temp folder, never the dataset, and its memory is capped.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from schemas.store import StoreError, duckdb_files
-from viewer.sources import Source, ViewError, first_line
+from viewer.sources import Source, ViewError, first_line, unreadable
 
 PAGE_LIMIT = 200
 DEFAULT_MEMORY_LIMIT = "2GB"
@@ -129,6 +137,8 @@ _TRAJECTORY_FILTERS: dict[str, Filter] = {
     "source": _equals("source", "source"),
     "method": _equals("coalesce(provenance.method, '-')", "method"),
     "tool": _tool,
+    # The task an episode ran (as an eval report names it): the eval page links each task to its episodes.
+    "task": _equals("coalesce(provenance.source_id, json_extract_string(details, '$.task.id'), id)", "task"),
     "success": _success,
     "reward_min": _reward_min,
     "reward_max": _reward_max,
@@ -286,10 +296,72 @@ class Store:
                 order = f"ORDER BY {key} {'DESC' if req.desc else 'ASC'} NULLS LAST, id"
         # One row past the page says whether there is a next one, without counting.
         params.update(limit=req.limit + 1, offset=req.offset)
-        rows = self.rows(f"SELECT {columns} FROM {relation} {where} {order} LIMIT $limit OFFSET $offset", params)
+        rows = None
+        if order and table in PAGE_LEAVES:
+            # By steps with nothing else asked: positions from the shards' step counts (one leaf of the steps).
+            lengths = self._step_counts(index, table) if req.sort == "steps" and not where else None
+            located = order.replace("len(steps)", "n") if lengths is not None else order
+            rows = self._sorted_page(index, table, where, located, params, lengths)
+        if rows is None:
+            rows = self.rows(f"SELECT {columns} FROM {relation} {where} {order} LIMIT $limit OFFSET $offset", params)
         if table == "rows":
             rows = [export_row(r) for r in rows]
         return {**out, "rows": rows[: req.limit], "more": len(rows) > req.limit}
+
+    def _step_counts(self, index: int, table: str) -> pa.Table:
+        """(filename, row, id, n): every row's step count, from the shards' cached counts."""
+        parts = []
+        for file in self.files(index, table):
+            stat = file.stat()
+            try:
+                counted = shard_step_counts(str(file), stat.st_size, stat.st_mtime_ns)
+            except (OSError, pa.ArrowException) as exc:
+                raise unreadable(self.source(index).path, exc) from None
+            parts.append(counted.append_column("filename", pa.array([str(file)] * len(counted), pa.string())))
+        return pa.concat_tables(parts)
+
+    def _sorted_page(self, index: int, table: str, where: str, order: str, params: dict[str, Any],
+                     lengths: pa.Table | None = None) -> list[dict[str, Any]] | None:
+        """A sorted page in two steps: where its rows are (file, row) by the sort key alone, then the page's
+        columns of those rows only, from the leaf columns they need (a sort by reward reads the rewards and
+        50 rows' steps, not every step of every row). None when a shard lacks a field the page reads (an
+        older shard): the one-query path then unifies the schemas."""
+        files = self.files(index, table)
+        if lengths is None:
+            located = f"read_parquet({duckdb_files(files)}, union_by_name=true, filename=true, file_row_number=true)"
+            at = self.rows(f"SELECT filename, file_row_number AS row FROM {located} {where} {order} "
+                           "LIMIT $limit OFFSET $offset", params)
+        else:
+            cursor = self.cursor()
+            try:
+                cursor.register("counted", lengths)
+                at = cursor.sql(f"SELECT filename, row FROM counted {order} LIMIT $limit OFFSET $offset",
+                                params=params).to_arrow_table().to_pylist()
+            finally:
+                cursor.close()
+        by_file: dict[str, list[tuple[int, int]]] = {}
+        for k, hit in enumerate(at):
+            by_file.setdefault(hit["filename"], []).append((k, hit["row"]))
+        out: list[tuple[int, dict[str, Any]]] = []
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:  # pyarrow decodes off the GIL
+                slices = list(pool.map(lambda item: _rows_of(Path(item[0]), item[1], PAGE_LEAVES[table]),
+                                       by_file.items()))
+        except (OSError, pa.ArrowException) as exc:
+            raise unreadable(self.source(index).path, exc) from None
+        for picked in slices:
+            if picked is None:
+                return None
+            cursor = self.cursor()
+            try:
+                cursor.register("picked", picked)
+                found = cursor.sql(f"SELECT __k, {TABLES[table].columns} FROM picked").to_arrow_table().to_pylist()
+            except duckdb.Error:
+                return None
+            finally:
+                cursor.close()
+            out += [(r.pop("__k"), r) for r in found]
+        return [r for _, r in sorted(out, key=lambda kr: kr[0])]
 
     def count(self, index: int, table: str, req: ListRequest) -> int:
         """How many rows match the request's search and filters (a scan when they look into steps)."""
@@ -351,6 +423,45 @@ class Store:
             return None
         found = self.rows(f"SELECT * FROM {relation} LIMIT 1 OFFSET $row", {"row": row})
         return export_row({"row": row, **found[0]}) if found else None
+
+
+@functools.lru_cache(maxsize=4096)
+def shard_step_counts(path: str, size: int, mtime_ns: int) -> pa.Table:
+    """(row, id, n) of a shard: each row's step count from one leaf of the steps (not every field of
+    every step, as DuckDB's len(steps) reads); cached per file version."""
+    t = pq.ParquetFile(path).read(columns=["id", "steps.list.element.kind"], use_threads=False)
+    return pa.table({"row": pa.array(range(t.num_rows), pa.int64()), "id": t.column("id"),
+                     "n": pc.list_value_length(t.column("steps"))})
+
+
+# The leaf columns a page's columns read (TABLES[...].columns), for the two-step sorted page.
+_TRAJECTORY_LEAVES = ("id", "source", "provenance.method", "provenance.model", "reward", "success", "details",
+                      *(f"steps.list.element.{f}" for f in ("kind", "source", "content", "train", "name", "label")))
+PAGE_LEAVES: dict[str, tuple[str, ...]] = {
+    "trajectories": _TRAJECTORY_LEAVES,
+    "filtered": (*_TRAJECTORY_LEAVES, "filter", "reason", "score"),
+}
+
+
+def _rows_of(path: Path, hits: list[tuple[int, int]], leaves: tuple[str, ...]) -> pa.Table | None:
+    """Rows `hits` ((position in the page, row in the file)) of a shard, with only `leaves`, and the
+    position as `__k`; each row group read once. None when the shard lacks one of the leaves."""
+    pf = pq.ParquetFile(path)
+    present = {pf.schema.column(i).path for i in range(len(pf.schema))}
+    if not set(leaves) <= present:
+        return None
+    starts = [0]
+    for g in range(pf.metadata.num_row_groups):
+        starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for k, row in hits:
+        g = bisect.bisect_right(starts, row) - 1
+        groups.setdefault(g, []).append((k, row - starts[g]))
+    parts = []
+    for g, picks in groups.items():
+        rows = pf.read_row_group(g, columns=list(leaves), use_threads=False).take([r for _, r in picks])
+        parts.append(rows.append_column("__k", pa.array([k for k, _ in picks], pa.int64())))
+    return pa.concat_tables(parts)
 
 
 def export_row(row: dict[str, Any]) -> dict[str, Any]:

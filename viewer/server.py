@@ -18,6 +18,10 @@ API (every answer JSON; an expected problem is `{"error": "<one line>"}` with st
 - `GET /api/{i}/preview?format=&id=&table=` or `?format=&pair=`   export preview (+ loss tokens)
 - `GET /api/locate?id=`                 which sources hold a trajectory id (parent links)
 - `GET /media/{i}/{path}`               an image file under source i's directory
+- `GET /api/reports`                    the eval and improve outputs shown
+- `GET /api/report/{r}`                 one of them: an eval's tasks (pass@k, failures, episodes) or an
+                                        improve run's before / after, rounds and lineage, linked to sources
+- `GET /report-media/{r}/{path}`        an image (a plot) under report r's directory
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from starlette.staticfiles import StaticFiles
 
 from viewer.api import NotFound, Viewer
 from viewer.records import jsonable
+from viewer.reports import Report
 from viewer.sources import Source, ViewError
 
 STATIC = Path(__file__).with_name("static")
@@ -71,16 +76,29 @@ def media(viewer: Viewer, request: Request) -> Response:
         source = viewer.store.source(_index(request))
     except ViewError as exc:
         return JSONResponse({"error": str(exc)}, status_code=404)
-    root = source.path.resolve()
+    return image_under(source.path, request.path_params["path"])
+
+
+def report_media(viewer: Viewer, request: Request) -> Response:
     try:
-        target = (root / request.path_params["path"]).resolve()
+        report = viewer.report_at(_index(request))
+    except ViewError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=404)
+    return image_under(report.path, request.path_params["path"])
+
+
+def image_under(directory: Path, path: str) -> Response:
+    """The image file `path` under `directory`, or a 4xx answer: never a file outside it or not an image."""
+    root = directory.resolve()
+    try:
+        target = (root / path).resolve()
     except (ValueError, OSError, RuntimeError):  # a null byte, a name too long, a symlink loop
         return JSONResponse({"error": "not a valid file path"}, status_code=400)
     kind = IMAGE_TYPES.get(target.suffix.lower())
     if not target.is_relative_to(root) or kind is None:
         return JSONResponse({"error": "only images inside the dataset directory are served"}, status_code=403)
     if not target.is_file():
-        return JSONResponse({"error": f"no image {request.path_params['path']} in {source.path}"}, status_code=404)
+        return JSONResponse({"error": f"no image {path} in {directory}"}, status_code=404)
     return FileResponse(target, media_type=kind)
 
 
@@ -117,9 +135,11 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
-def create_app(sources: list[Source], *, tokenizer: Path | None = None, allowed_hosts: list[str] | None = None) -> Starlette:
-    """The app over `sources`. `allowed_hosts`: Host headers accepted (None: any), against DNS rebinding."""
-    viewer = Viewer(sources, tokenizer)
+def create_app(sources: list[Source], *, tokenizer: Path | None = None, allowed_hosts: list[str] | None = None,
+               reports: list[Report] | None = None) -> Starlette:
+    """The app over `sources` (and eval / improve `reports`). `allowed_hosts`: Host headers accepted (None: any),
+    against DNS rebinding."""
+    viewer = Viewer(sources, tokenizer, reports or [])
 
     def api(make: Callable[[Request], Any]) -> Callable[[Request], Response]:
         return lambda request: _answer(lambda: make(request))
@@ -142,11 +162,15 @@ def create_app(sources: list[Source], *, tokenizer: Path | None = None, allowed_
         Route("/api/{i}/row", api(lambda r: viewer.export_row(_index(r), _int_param(r, "n")))),
         Route("/api/{i}/preview", api(lambda r: viewer.preview(_index(r), r.query_params.get("format", ""), q(r)))),
         Route("/media/{i}/{path:path}", lambda r: media(viewer, r)),
+        Route("/api/reports", api(lambda r: viewer.reports())),
+        Route("/api/report/{i}", api(lambda r: viewer.report(_index(r)))),
+        Route("/report-media/{i}/{path:path}", lambda r: report_media(viewer, r)),
     ]
     middleware = [Middleware(HostCheck, allowed=allowed_hosts)] if allowed_hosts else []
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        viewer.warm()
         yield
         viewer.store.close()
 

@@ -19,6 +19,7 @@ from tests.factories import tool_trajectory
 from tests.viewer import _data
 from viewer import server
 from viewer.loss_tokens import LossTokenError, loss_tokens
+from viewer.queries import TABLES
 from viewer.server import create_app
 from viewer.sources import discover
 
@@ -184,6 +185,21 @@ def test_the_viewer_never_writes_into_the_dataset(client, viewer_dataset):
     assert _files(viewer_dataset) == before
 
 
+def test_a_sorted_page_is_the_rows_one_query_would_give(client, viewer_dataset):
+    """Sorted pages come in two steps (positions by the key, then the page's rows from their leaf columns):
+    the same rows, columns and order as the one query over every column."""
+    store = client.app.state.viewer.store
+    relation, spec = store.relation(0, "trajectories"), TABLES["trajectories"]
+    for sort, desc, offset, extra in (("reward", True, 0, ""), ("reward", False, 3, ""), ("steps", True, 0, ""),
+                                      ("steps", False, 2, "&success=true"),
+                                      ("id", False, 5, ""), ("source", True, 0, "&success=true")):
+        where = "WHERE success" if extra else ""  # with a filter, positions come from DuckDB
+        expected = store.rows(f"SELECT {spec.columns} FROM {relation} {where} ORDER BY {spec.sorts[sort]} "
+                              f"{'DESC' if desc else 'ASC'} NULLS LAST, id LIMIT 7 OFFSET {offset}")
+        page = client.get(f"/api/0/list/trajectories?sort={sort}&desc={int(desc)}&offset={offset}&limit=7{extra}").json()
+        assert page["rows"] == json.loads(json.dumps(expected, default=str)) and len(page["rows"]) > 1, sort
+
+
 def test_stats_have_the_facets_the_page_shows(viewer_dataset):
     result = runner.invoke(app, ["stats", str(viewer_dataset), "--json"])
     stats = json.loads(result.output)
@@ -219,3 +235,79 @@ def test_loss_tokens_follow_the_export_masks(tokenizer_dir):
         loss_tokens(tool_trajectory(1), "sharegpt", tokenizer_dir)
     with pytest.raises(LossTokenError, match="cannot load a tokenizer"):
         loss_tokens(tool_trajectory(1), "openai", tokenizer_dir.parent / "nothing-here")
+
+
+# ---- eval and improve reports --------------------------------------------------------------------
+
+
+def _eval_output(path: Path) -> None:
+    """An eval output as `trajforge eval` leaves it (evals.report over the episodes): task t0 solved and
+    failed once each (DB), t1 failed, and one episode of t1 the simulated user spoiled."""
+    from evals.report import build_report, write_report
+    from evals.run import EvalConfig
+    from schemas.models import Provenance, TextObservation, Trajectory
+
+    def episode(task: str, k: int, success: bool, spoiled: bool = False) -> Trajectory:
+        details = {"actions": 1, "stop_reason": "done", "wall_s": 0.1,
+                   "evaluation": {"reward": float(success), "success": success, "reason": "",
+                                  "details": {"basis": ["DB"], "failed": [] if success else ["DB"]}}}
+        if spoiled:
+            details["user_fidelity"] = {"ok": False, "turns": [], "reason": "the user said the answer"}
+        return Trajectory(id=f"eval/{task}#{k}", source="eval", success=success, reward=float(success), details=details,
+                          steps=[TextObservation(content="hi", source="user"), MessageAction(content="ok")],
+                          provenance=Provenance(method="eval", source_id=task))
+
+    ds = Dataset.create(path, stage="eval")
+    with ds.unit("u") as unit:
+        unit.write_many("trajectories", [episode("t0", 0, True), episode("t0", 1, False), episode("t1", 0, False),
+                                         episode("t1", 1, False, spoiled=True)])
+    ds.mark_complete({})
+    cfg = EvalConfig(env="retail", llm={"backend": "fake"}, samples=2)
+    write_report(path, build_report(path, cfg, split="none", run={}, wall_s=1.0))
+
+
+def test_eval_and_improve_reports_are_served_and_a_broken_one_is_one_clear_line(tmp_path):
+    from viewer.reports import find_reports
+
+    _eval_output(tmp_path / "run" / "eval-baseline")
+    (tmp_path / "run" / "report.json").write_text("{trunc")
+    paths = [tmp_path]
+    with TestClient(create_app(discover(paths), reports=find_reports(paths))) as c:
+        reports = c.get("/api/reports").json()
+        assert [(r["kind"], r["name"].removeprefix(str(tmp_path))) for r in reports] == [
+            ("improve", "/run"), ("eval", "/run/eval-baseline")]
+        broken = c.get("/api/report/0")
+        assert broken.status_code == 400 and "run/report.json: cannot read it" in broken.json()["error"]
+        view = c.get("/api/report/1").json()
+        assert view["source"] == 0 and view["k"] == 2 and ["pass@1", "25.0%"] in view["summary"]
+        t0, t1 = view["tasks"]
+        assert (t0["pass@1"], t0["pass@k"], t0["pass^k"], t0["failures"]) == (0.5, 1.0, 0.0, {"DB": 1})
+        assert [(e["id"], e["failed"]) for e in t0["episodes"]] == [("eval/t0#0", []), ("eval/t0#1", ["DB"])]
+        # The spoiled episode is listed (it can be opened) but failed no criterion of the agent's.
+        assert [(e["failed"], e["spoiled"]) for e in t1["episodes"]] == [(["DB"], False), ([], True)]
+        assert t1["pass@k"] is None and t1["user_spoiled"] == 1  # one scored sample: no pass@2
+        assert c.get("/api/0/count/trajectories?task=t1").json() == {"total": 2}
+        assert c.get("/report-media/1/plots/pass_by_group.png").headers["content-type"] == "image/png"
+        assert c.get("/report-media/1/eval.json").status_code == 403
+        assert c.get("/report-media/1/%2e%2e/report.json").status_code in (403, 404)
+        assert c.get("/api/report/7").status_code == 404
+    (tmp_path / "run" / "report.json").write_text('{"before": {}}')
+    with TestClient(create_app(discover(paths), reports=find_reports(paths))) as c:
+        assert "not an improve report" in c.get("/api/report/0").json()["error"]
+
+
+def test_a_shard_with_corrupt_pages_is_one_clear_line_in_facets_and_sorted_pages(viewer_dataset, tmp_path):
+    import shutil
+
+    copy = tmp_path / "ds"
+    shutil.copytree(viewer_dataset, copy)
+    shard = Dataset.open(copy).shard_files("trajectories")[0]
+    data = bytearray(shard.read_bytes())
+    data[8:len(data) // 2] = b"\xff" * (len(data) // 2 - 8)  # the pages, not the footer
+    shard.write_bytes(bytes(data))
+    with TestClient(create_app(discover([copy]))) as c:
+        facets = c.get("/api/0/facets")
+        assert facets.status_code == 400 and "a shard cannot be read" in facets.json()["error"], facets.text
+        for url in ("/api/0/list/trajectories?sort=reward&desc=1", "/api/0/list/trajectories?sort=steps"):
+            page = c.get(url)
+            assert page.status_code == 400 and "\n" not in page.json()["error"] and "Traceback" not in page.text, url

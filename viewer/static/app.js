@@ -2,13 +2,16 @@
 //   #/{source}/{trajectories|filtered|pairs|quarantine|rows}?q=...&filters   a list
 //   #/{source}/t/{id}  trajectory      #/{source}/f/{id}  filtered record   #/{source}/p/{id}  pair
 //   #/{source}/q/{id}  quarantined     #/{source}/r/{n}   export row
+//   #/report/{r}       an eval (per-task pass rates, failures) or an improve run (before / after, rounds)
 // Every value from the data goes into the page as text (never as HTML).
 "use strict";
 
 const main = document.getElementById("main");
 const sourceSelect = document.getElementById("source");
 const tabs = document.getElementById("tabs");
+const reportNav = document.getElementById("reports");
 let SOURCES = [];
+let REPORTS = [];
 const facetCache = new Map();
 const PAGE = 50;
 
@@ -79,9 +82,19 @@ function go(source, view, params) {
 
 async function route() {
   const r = parseHash();
+  drawReportNav(parts0() === "report" ? Number(parseHash().view) : null);
+  if (parts0() === "report") {
+    fill(tabs);
+    fill(main, h("p", {class: "muted"}, "loading…"));
+    try { await reportPage(Number(r.view)); } catch (err) { fill(main, errorBox(err.message)); }
+    window.scrollTo(0, 0);
+    return;
+  }
   if (r.source === null || Number.isNaN(r.source) || !SOURCES[r.source]) {
+    // A run's report first (an improve run, else an eval), when the folder holds one.
+    const report = REPORTS.find((x) => x.kind === "improve") || REPORTS.find((x) => x.kind === "eval");
     const first = SOURCES[0];
-    location.replace(`#/0/${first && first.kind === "export" ? "rows" : "trajectories"}`);
+    location.replace(report && r.source === null ? `#/report/${report.index}` : `#/0/${first && first.kind === "export" ? "rows" : "trajectories"}`);
     return;
   }
   sourceSelect.value = String(r.source);
@@ -110,7 +123,7 @@ function drawTabs(i, view) {
 // ---- lists ----------------------------------------------------------------------------------------
 
 const CONTROLS = {
-  trajectories: ["source", "method", "tool", "success", "label", "masked", "reward_min", "reward_max"],
+  trajectories: ["source", "method", "tool", "task", "success", "label", "masked", "reward_min", "reward_max"],
   filtered: ["source", "method", "filter", "reason", "success", "label", "masked", "reward_min", "reward_max"],
   pairs: ["source", "level"],
   quarantine: ["stage", "error"],
@@ -571,11 +584,129 @@ function previewSection(i, formats, tokenFormats, target) {
   return sec;
 }
 
+// ---- eval and improve reports ---------------------------------------------------------------------
+
+function parts0() { return location.hash.replace(/^#\/?/, "").split(/[/?]/, 1)[0]; }
+
+function drawReportNav(current) {
+  fill(reportNav, REPORTS.map((x) => link(`#/report/${x.index}`, `${x.kind}: ${x.name}`, `tab report-tab ${current === x.index ? "active" : ""}`)));
+}
+
+const pct = (v) => (v === null || v === undefined ? "n/a" : `${(100 * v).toFixed(1)}%`);
+const points = (v) => (v === null || v === undefined ? "n/a" : `${v >= 0 ? "+" : "−"}${Math.abs(100 * v).toFixed(1)}`);
+const interval = (d) => (d ? `${points(d.mean)} points [${points(d.low)}, ${points(d.high)}]` : "n/a");
+const reportTable = (cls, head, rows) => h("table", {class: `report-table ${cls}`},
+  h("thead", {}, h("tr", {}, head.map((c) => h("th", {text: c})))),
+  h("tbody", {}, rows));
+const listHref = (source, params) => `#/${source}/trajectories?${new URLSearchParams(params)}`;
+
+function plotsSection(r, files) {
+  if (!files.length) return null;
+  return section("plots", "plots", files.map((f) => h("figure", {},
+    h("img", {class: "plot", src: `/report-media/${r}/${f.split("/").map(enc).join("/")}`, alt: f}), h("figcaption", {text: f}))));
+}
+
+function episodeChip(source, e) {
+  const title = e.spoiled ? "spoiled by the simulated user (left out)" : e.success ? "success" : `failed: ${e.failed.join(", ") || "outcome"}`;
+  const a = link(`#/${source}/t/${enc(e.id)}`, e.id, `episode ${e.spoiled ? "spoiled" : e.success ? "ok" : "bad"}`);
+  a.title = title;
+  a.dataset.id = e.id;
+  return a;
+}
+
+function evalReport(view) {
+  const src = view.source, k = view.k;
+  const fails = (view.failures && view.failures.by_criterion) || {};
+  // Failed episodes per criterion, from the episodes the page lists.
+  const byCriterion = {};
+  for (const t of view.tasks) for (const e of t.episodes) for (const c of e.failed) (byCriterion[c] = byCriterion[c] || []).push(e);
+  const taskRow = (t) => h("tr", {"data-task": t.task},
+    h("td", {class: "col-task"}, src !== null ? link(listHref(src, {task: t.task}), t.task, "task-link") : t.task),
+    h("td", {text: `${t.successes}/${t.samples}`}),
+    h("td", {class: "col-pass1", text: pct(t["pass@1"])}),
+    h("td", {class: "col-passk", text: pct(t["pass@k"])}),
+    h("td", {class: "col-passhatk", text: pct(t["pass^k"])}),
+    h("td", {text: fmtNum(t.reward_mean)}),
+    h("td", {class: "col-failures"}, Object.entries(t.failures || {}).map(([c, n]) => badge(`${c}: ${n}`, "bad criterion"))),
+    h("td", {class: "col-episodes"}, src !== null ? t.episodes.map((e) => episodeChip(src, e)) : null,
+      t.errors ? badge(`${t.errors} quarantined`, "muted") : null, t.user_spoiled ? badge(`${t.user_spoiled} spoiled by the user`, "muted") : null));
+  return [
+    h("h1", {text: `eval: ${view.name}`}),
+    h("p", {class: "muted"}, view.path, src !== null ? [" · ", link(`#/${src}/trajectories`, "all episodes", "episodes-link")] : null),
+    reportTable("headline", ["what", "value"], view.summary.map(([a, b]) => h("tr", {}, h("td", {text: a}), h("td", {text: b})))),
+    section("pass@k", "pass-k", reportTable("pass-k-table", ["k", "pass@k", "pass^k", "tasks"],
+      Object.entries(view.pass).map(([kk, v]) => h("tr", {}, h("td", {text: kk}), h("td", {text: pct(v["pass@k"])}), h("td", {text: pct(v["pass^k"])}), h("td", {text: String(v.tasks)}))))),
+    section("failures by criterion", "failures", Object.keys(fails).length ? reportTable("failures-table", ["criterion", "failed episodes", "episodes"],
+      Object.entries(fails).map(([c, n]) => h("tr", {"data-criterion": c}, h("td", {class: "criterion", text: c}), h("td", {text: String(n)}),
+        h("td", {}, src !== null ? (byCriterion[c] || []).slice(0, 30).map((e) => episodeChip(src, e)) : null))))
+      : h("p", {class: "muted"}, "no failed episode")),
+    section(`tasks (${view.tasks.length})`, "tasks", reportTable("tasks-table", ["task", "solved", "pass@1", `pass@${k}`, `pass^${k}`, "reward", "failures", "episodes"],
+      view.tasks.map(taskRow)),
+      view.episodes_cut ? h("p", {class: "muted"}, `episodes listed for the first ${view.episodes_listed} only`) : null),
+    plotsSection(view.index, view.plots),
+  ];
+}
+
+function improveReport(view) {
+  const rep = view.report, cmp = rep.comparison || {}, before = rep.before || {}, after = rep.after || {};
+  const where = (path) => (path && view.links[path]) || {};
+  const evalLink = (path, text) => {
+    const w = where(path);
+    return w.report !== undefined ? link(`#/report/${w.report}`, text, "eval-link") : w.source !== undefined ? link(`#/${w.source}/trajectories`, text, "eval-link") : h("span", {text: `${text} (${path || "?"})`});
+  };
+  const srcA = where(before.output).source, srcB = where(after.output).source;
+  const taskEpisodes = (source, task, text) => source !== undefined ? link(listHref(source, {task}), text, "task-link") : null;
+  const metrics = ["pass@1", "reward_mean", "steps_mean", "unusable_answers", "episodes", "wall_s"];
+  const value = (key, v) => key === "pass@1" ? pct(v) : fmtNum(v);
+  const rounds = Array.isArray(rep.rounds) ? rep.rounds : [];
+  const roundRow = (x) => h("tr", {"data-round": x.round},
+    h("td", {class: "col-round", text: String(x.round)}), h("td", {class: "col-pass1", text: pct(x["pass@1"])}),
+    h("td", {class: "col-vs-baseline", text: interval(x.vs_baseline)}), h("td", {class: "col-vs-previous", text: x.vs_previous ? interval(x.vs_previous) : "–"}),
+    h("td", {text: x.train_pass_at_k ? `pass@${x.train_pass_at_k.k} ${pct(x.train_pass_at_k.value)}` : "–"}),
+    h("td", {text: Object.entries(x.rows || {}).map(([m, n]) => `${m}: ${n}`).join(", ") || "–"}),
+    h("td", {text: x.trains_from || "–"}),
+    h("td", {text: x.stage_seconds ? fmtNum(Object.values(x.stage_seconds).reduce((a, b) => a + (Number(b) || 0), 0)) + " s" : "–"}),
+    h("td", {}, x.eval ? evalLink(x.eval, "eval") : "–"));
+  const d = cmp.delta;
+  return [
+    h("h1", {text: `improve: ${view.name}`}),
+    h("p", {class: "muted"}, view.path),
+    reportTable("headline", ["what", "value"], [
+      h("tr", {}, h("td", {text: "before"}), h("td", {}, `${pct(before["pass@1"])} · ${before.model || ""} · `, evalLink(before.output, "baseline eval"))),
+      h("tr", {}, h("td", {text: "after"}), h("td", {}, `${pct(after["pass@1"])} · ${after.model || ""} · `, evalLink(after.output, "trained eval"))),
+      h("tr", {class: "delta"}, h("td", {text: `difference after − before${d ? ` (${Math.round(100 * d.level)}% paired bootstrap interval)` : ""}`}), h("td", {class: "interval", text: interval(d)})),
+      h("tr", {}, h("td", {text: "tasks in common"}), h("td", {text: String(cmp.tasks_in_common ?? "n/a")})),
+      h("tr", {}, h("td", {text: "wall time"}), h("td", {text: `${fmtNum(rep.seconds)} s`})),
+    ]),
+    (cmp.warnings || []).map((w) => errorBox(`warning: ${w}`)),
+    rounds.length ? section(`rounds (${rounds.length})`, "rounds", reportTable("rounds-table",
+      ["round", "pass@1", "vs baseline", "vs previous round", "train pass@k", "training rows", "trains from", "time", "eval"], rounds.map(roundRow))) : null,
+    section("before and after", "before-after", reportTable("before-after-table", ["", "before", "after"],
+      metrics.map((m) => h("tr", {"data-metric": m}, h("td", {text: m}), h("td", {text: value(m, before[m])}), h("td", {text: value(m, after[m])}))))),
+    section("per task group", "groups", reportTable("groups-table", ["group", "tasks", "before", "after", "difference"],
+      (cmp.groups || []).map((g) => h("tr", {}, h("td", {text: g.group}), h("td", {text: String(g.tasks)}), h("td", {text: pct(g.a)}), h("td", {text: pct(g.b)}), h("td", {text: points(g.delta)}))))),
+    section("per task", "per-task", reportTable("per-task-table", ["task", "before", "after", "difference", "episodes"],
+      (cmp.per_task || []).map((t) => h("tr", {"data-task": t.task}, h("td", {text: t.task}), h("td", {text: pct(t.a)}), h("td", {text: pct(t.b)}),
+        h("td", {text: points(t.delta)}), h("td", {}, taskEpisodes(srcA, t.task, "before"), " ", taskEpisodes(srcB, t.task, "after")))))),
+    cmp.failures && Object.keys(cmp.failures).length ? section("failures by criterion", "failures", reportTable("failures-table", ["criterion", "before", "after"],
+      Object.entries(cmp.failures).map(([c, v]) => h("tr", {"data-criterion": c}, h("td", {class: "criterion", text: c}), h("td", {text: String(v.a)}), h("td", {text: String(v.b)}))))) : null,
+    plotsSection(view.index, view.plots),
+    rep.stage_seconds ? collapsed("time per stage", "stage-seconds", pre(pretty(rep.stage_seconds))) : null,
+    rep.lineage ? collapsed("lineage", "lineage", pre(pretty(rep.lineage))) : null,
+    rep.warm_start ? collapsed("warm start", "warm-start", pre(pretty(rep.warm_start))) : null,
+  ];
+}
+
+async function reportPage(r) {
+  const view = await api(`/api/report/${r}`);
+  fill(main, h("article", {class: `report ${view.kind}-report`, "data-report": r}, view.kind === "eval" ? evalReport(view) : improveReport(view)));
+}
+
 // ---- start ----------------------------------------------------------------------------------------
 
 async function start() {
   try {
-    SOURCES = await api("/api/sources");
+    [SOURCES, REPORTS] = await Promise.all([api("/api/sources"), api("/api/reports")]);
   } catch (err) { fill(main, errorBox(err.message)); return; }
   fill(sourceSelect, ...SOURCES.map((s) => h("option", {value: s.index}, `${s.name} (${s.kind === "export" ? s.format || "export" : `${s.counts.trajectories} trajectories`})`)));
   sourceSelect.addEventListener("change", () => { const s = SOURCES[Number(sourceSelect.value)]; location.hash = `#/${s.index}/${s.kind === "export" ? "rows" : "trajectories"}`; });
