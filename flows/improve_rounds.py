@@ -109,7 +109,6 @@ def merge_exports(exports: list[str], out: Path) -> Path | None:
 def train_pass_at_k(cfg: ImproveConfig, data: dict[str, Any]) -> dict[str, Any]:
     """pass@K of what the model's own generation found on the train tasks: every episode of its entries
     (kept or filtered out by outcome), K the fewest samples any task got; None without a model's entry."""
-    from evals.metrics import pass_at_k
     from generators.registry import get_method
     from schemas.store import Dataset
 
@@ -122,6 +121,13 @@ def train_pass_at_k(cfg: ImproveConfig, data: dict[str, Any]) -> dict[str, Any]:
         records = list(ds.iter_records()) + [f.record for f in ds.iter_records("filtered")]
         for r in records:
             outcomes[r.provenance.task_id or r.id.split("#")[0]].append(r.success is True)
+    return pass_at_k_of(outcomes)
+
+
+def pass_at_k_of(outcomes: dict[str, list[bool]]) -> dict[str, Any]:
+    """Mean over tasks of pass@K (unbiased estimator), K the fewest samples any task got."""
+    from evals.metrics import pass_at_k
+
     if not outcomes:
         return {"k": None, "value": None}
     k = min(len(v) for v in outcomes.values())
