@@ -48,3 +48,9 @@ def improve(config: Annotated[Path, typer.Argument(help="Improve config (YAML)."
                       f" ({100 * delta['mean']:+.1f} points, {int(100 * delta['level'])}% interval "
                       f"[{100 * delta['low']:+.1f}, {100 * delta['high']:+.1f}]) in {report['seconds']:.0f} s",
                       highlight=False)
+    if len(report["rounds"]) > 1:
+        for r in report["rounds"]:
+            prev = r["vs_previous"]
+            console.print(f"  round {r['round']}: pass@1 {100 * (r['pass@1'] or 0):.1f}%"
+                          + ("" if prev is None else f" ({100 * prev['mean']:+.1f} points on the round before)")
+                          + f", rows {sum(r['rows'].values())}", highlight=False)
