@@ -274,7 +274,9 @@ def _run(cfg: ImproveConfig, config_path: str, plan: TaskPlan) -> dict[str, Any]
         start_from = base["output"] if cfg.train_from == "base" or k == cfg.first_round() else current["path"]
         export = merge_exports(exports if cfg.train_from == "base" else data["exports"], rnd.dir / "export")
         export_key = _sha256(export / "card.json") if export is not None else None
-        step(f"{rnd.label}train ({'the base on every round so far' if start_from == base['output'] else 'the last model'})")
+        source = ("the base on every round's data so far" if cfg.train_from == "base" and k > cfg.first_round()
+                  else "the base" if start_from == base["output"] else f"round {k - 1}'s model")
+        step(f"{rnd.label}train ({source})")
         if export is None:
             term.console.print("  skipped: no row to train on; the model stays as it was", highlight=False)
             trained = {"stage": "train", "key": current["key"], "output": current["path"], "model": None}
@@ -320,6 +322,10 @@ def write_report(cfg: ImproveConfig, config_path: str, plan: TaskPlan, base: dic
                                                       "settings", "base", "export", "seconds")}
                      if "card" in trained else {"command": trained.get("command")})},
         "trained_eval": _eval_lineage(after["report"]),
+        "rounds": [{"round": r["round"].k, "export": str(r["export"]) if r["export"] else None,
+                    "model": r["trained"]["output"], "eval": _eval_lineage(r["after"]["report"]),
+                    "data": [{k: s[k] for k in ("stage", "name", "output", "counts")} for s in r["data"]["stages"]]}
+                   for r in rounds],
     }
     figures = round_figures(cfg, before["report"], rounds)
     out = {"output": str(cfg.root), "seconds": round(seconds, 1), "stage_seconds": timings,
