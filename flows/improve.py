@@ -15,7 +15,13 @@ Stages, each a Prefect task that is skipped when it finished before with the sam
 6. report    `report.md` / `report.json`: before and after, per task, the paired bootstrap interval
              of the difference, a plot, and the lineage of every artefact.
 
-Before anything runs, the generation tasks and the test tasks are checked to share no task.
+With `rounds: N` (and an optional warm start, round 0) stages 3-5 repeat per round into `round-k/`:
+round k generates with round k-1's model, keeps what the world verified, and trains from the last
+model (or from the base on every round's data); the report gives each round's pass@1 with paired
+intervals against the baseline and the previous round (`flows/improve_rounds.py`).
+
+Before anything runs, `flows/improve_checks.py` checks the output, the base, that the generation tasks
+and the test tasks share no task, and that no reference solution is used on a measured task group.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from prefect.cache_policies import NO_CACHE
 from backends.config import LLMConfig
 from flows import console as term
 from flows.hooks import HookError, run_hook
-from flows.improve_checks import STATE_DIR, ImproveError, TaskPlan, base_source, check_base, preflight
+from flows.improve_checks import STATE_DIR, ImproveError, TaskPlan, check_base, preflight
 from flows.improve_config import HookTrain, ImproveConfig, load_improve_config
 from flows.improve_rounds import Round, merge_exports, round_figures, write_rounds
 from flows.pipeline import output_lock, pipeline_flow

@@ -112,7 +112,8 @@ def train_pass_at_k(cfg: ImproveConfig, data: dict[str, Any]) -> dict[str, Any]:
     from generators.registry import get_method
     from schemas.store import Dataset
 
-    own = {e["name"] for e in data["entries"] if not getattr(get_method(e["method"]), "uses_reference_solutions", False)}
+    own = {e["name"] for e in data["entries"]
+           if not getattr(get_method(e["method"]), "uses_reference_solutions", False)}
     outcomes: dict[str, list[bool]] = defaultdict(list)
     for stage in data["stages"]:
         if stage["stage"] != "generate" or stage["name"] not in own:

@@ -123,8 +123,8 @@ def test_improve_rounds_resume_after_a_kill_between_rounds(prefect_harness, tmp_
     argv = [sys.executable, "-m", "flows.cli", "improve", str(config)]
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 600
-        while not (out / "_state" / "round-0" / "eval.json").is_file() and proc.poll() is None and time.time() < deadline:
+        deadline, finished = time.time() + 600, out / "_state" / "round-0" / "eval.json"
+        while not finished.is_file() and proc.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)  # round 0 is done: killed between rounds (with its browsers)
         proc.wait()
