@@ -292,7 +292,9 @@ def _run(cfg: ImproveConfig, config_path: str, plan: TaskPlan) -> dict[str, Any]
                        "path": trained["model"].get("model_path") or start_from}
         step(f"{rnd.label}eval of the trained model (same test tasks)")
         after = _timed(times, "eval", eval_stage, cfg, rnd.eval_name, current["llm"], current["key"])
-        timings.update({f"{rnd.prefix}{name}": v for name, v in times.items()})
+        # The single-round layout keeps its stage names (`trained`: the eval of the trained model).
+        timings.update({rnd.prefix + ("trained" if name == "eval" and not rnd.prefix else name): v
+                        for name, v in times.items()})
         rounds.append({"round": rnd, "data": data, "trained": trained, "after": after, "export": export,
                        "stage_seconds": times, "trains_from": cfg.train_from})
     step("report")

@@ -72,6 +72,10 @@ def test_improve_on_miniwob_measures_trains_and_measures_again(prefect_harness, 
     assert "$0.0000 (local model)" in (out / "eval-trained" / "README.md").read_text()
     assert report["comparison"]["tasks_in_common"] == 2 and report["comparison"]["delta"] is not None
     assert (out / "plots" / "before_after.png").is_file() and "## Lineage" in (out / "report.md").read_text()
+    # One round keeps the single-round layout and names, and reports itself as round 1.
+    assert set(report["stage_seconds"]) == {"base", "baseline", "data", "train", "trained"}
+    assert [r["round"] for r in report["rounds"]] == [1] and report["rounds"][0]["model"] == str(out / "model")
+    assert report["rounds"][0]["rows"] == {"demonstrations": 4} and report["warm_start"]["measured_overlap"] == 0
 
 
 def test_improve_with_a_training_hook_resumes_and_refuses_overlapping_tasks(prefect_harness, tmp_path_factory,
