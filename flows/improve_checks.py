@@ -31,9 +31,10 @@ class TaskPlan:
     test: int
     split: str
     reference_tasks: list[str] = field(default_factory=list)  # tasks any method gave a reference solution of
+    measured_overlap: int = 0  # of those, tasks in a measured group (refused with rounds; one round allows it)
 
     def warm_start(self) -> dict[str, Any]:
-        return {"tasks": self.reference_tasks, "measured_overlap": 0}
+        return {"tasks": self.reference_tasks, "measured_overlap": self.measured_overlap}
 
 
 def check_output(root: Path) -> None:
@@ -98,13 +99,13 @@ def check_tasks(cfg: ImproveConfig) -> TaskPlan:
         raise ImproveError(f"the generation tasks include {len(shared)} of the {len(test_ids)} test tasks "
                            f"({_shown(shared)}): give the task source a test split "
                            "(tau2's split file; MiniWoB's seeds from 100000) or generate.tasks of their own")
-    if cfg.in_rounds:
-        oracle = sorted(t for t in reference if task_group(t) in measured)
-        if oracle:
-            raise ImproveError(f"reference solutions (demonstrations) on {len(oracle)} task(s) of the measured "
-                               f"groups ({_shown(oracle)}): a warm start may only use tasks other than the measured "
-                               "ones; give warm_start.tasks pages/tasks the evals do not run")
-    return TaskPlan(train=len(train), test=len(test_ids), split=split, reference_tasks=sorted(reference))
+    oracle = sorted(t for t in reference if task_group(t) in measured)
+    if cfg.in_rounds and oracle:
+        raise ImproveError(f"reference solutions (demonstrations) on {len(oracle)} task(s) of the measured "
+                           f"groups ({_shown(oracle)}): a warm start may only use tasks other than the measured "
+                           "ones; give warm_start.tasks pages/tasks the evals do not run")
+    return TaskPlan(train=len(train), test=len(test_ids), split=split, reference_tasks=sorted(reference),
+                    measured_overlap=len(oracle))
 
 
 def preflight(cfg: ImproveConfig) -> TaskPlan:

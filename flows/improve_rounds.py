@@ -198,7 +198,8 @@ def write_rounds(cfg: ImproveConfig, report: dict[str, Any]) -> str:
           + ("each round's model on that round's data" if cfg.train_from == "last"
              else "the base, on every round's data so far") + f"); keeps: **{cfg.keeps}**. "
           + (f"Tasks with a reference solution (warm start or demonstrations): {len(warm)} "
-             f"({', '.join(warm[:5])}{', ...' if len(warm) > 5 else ''}), none of them measured.\n\n"
+             f"({', '.join(warm[:5])}{', ...' if len(warm) > 5 else ''}), "
+             f"{report['warm_start']['measured_overlap'] or 'none'} of them in a measured task group.\n\n"
              if warm else "No task had a reference solution.\n\n"))
     if plot:
         md += f"![rounds]({ROUNDS_PLOT})\n\n"
