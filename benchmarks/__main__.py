@@ -157,6 +157,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("user_fidelity", "benchmarks.user_fidelity", (), ("--embedded",)),
     # The whole eval -> demonstrations -> SFT -> eval loop on SmolLM2-135M: about half an hour on 2 cores.
     Benchmark("improve", "benchmarks.improve", (), ("--gpu",), timeout_s=3600, full_timeout_s=6 * 3600),
+    # Rounds of the model's own data (a warm start on other pages, then rejection sampling): about 45 minutes.
+    Benchmark("self_improve", "benchmarks.self_improve", (), (), timeout_s=5400, full_timeout_s=5400),
 )
 
 

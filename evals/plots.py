@@ -61,3 +61,28 @@ def before_after(rows: Sequence[dict[str, Any]], path: Path, title: str, labels:
     ax.set_title(_short(title, 80), fontsize=10)
     _save(fig, path)
     return True
+
+
+def across_rounds(baseline: float | None, rounds: list[dict[str, Any]], path: Path) -> bool:
+    """pass@1 on the test split across rounds (`rounds` as `trajforge improve`'s report.json has them) after the
+    baseline's, and the generation's pass@K on the train tasks where a model generated."""
+    if not rounds:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    xs = [r["round"] for r in rounds]
+    first = min(xs) - 1
+    ax.plot([first, *xs], [100 * (baseline or 0), *[100 * (r["pass@1"] or 0) for r in rounds]], marker="o",
+            label="pass@1, test split (left: baseline)")
+    gen = [(r["round"], r["train_pass_at_k"]) for r in rounds if r["train_pass_at_k"]["value"] is not None]
+    if gen:
+        ax.plot([x for x, _ in gen], [100 * g["value"] for _, g in gen], marker="s", linestyle="--",
+                label=f"generation pass@{gen[-1][1]['k']}, train tasks")
+    ax.set_xticks([first, *xs], ["base", *[str(x) for x in xs]])
+    ax.set_xlabel("round")
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("pass@1 across rounds", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _save(fig, path)
+    return True

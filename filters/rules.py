@@ -208,3 +208,14 @@ class FinalAnswer(BaseFilter):
             return keep(record)
         what = f"api call {last.function!r}" if isinstance(last, ApiAction) else f"{last.kind} action"
         return drop(record, f"no final answer: last action is {what}")
+
+
+@register("verified")
+class Verified(BaseFilter):
+    """What the world verified: the environment's reward said success, an Agent-R revision was spliced onto a
+    successful path, a task's code verifier passed (each sets `success`). `trajforge improve` keeps these."""
+
+    def decide(self, record: Trajectory) -> Decision:
+        if record.success is True:
+            return keep(record)
+        return drop(record, "not verified: success is " + ("unknown" if record.success is None else "false"))

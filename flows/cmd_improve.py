@@ -25,10 +25,17 @@ def improve(config: Annotated[Path, typer.Argument(help="Improve config (YAML)."
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - one line for any unusable config
         fail(f"{config}: {exc}".replace("\n", "; "))
-    prefect_defaults(cfg.root / "_prefect")
     from envs.tasks import TaskFileError
+    from flows.improve_checks import STATE_DIR, ImproveError, preflight
+
+    try:  # before Prefect starts a server: a wrong output, base or task split is one line, at once
+        preflight(cfg)
+    except (ImproveError, TaskFileError) as exc:
+        fail(str(exc))
+    (cfg.root / STATE_DIR).mkdir(parents=True, exist_ok=True)  # marks the output as improve's own
+    prefect_defaults(cfg.root / "_prefect")
     from flows.hooks import HookError
-    from flows.improve import ImproveError, improve_flow
+    from flows.improve import improve_flow
     from training.trainer import TrainError
 
     try:
@@ -41,3 +48,9 @@ def improve(config: Annotated[Path, typer.Argument(help="Improve config (YAML)."
                       f" ({100 * delta['mean']:+.1f} points, {int(100 * delta['level'])}% interval "
                       f"[{100 * delta['low']:+.1f}, {100 * delta['high']:+.1f}]) in {report['seconds']:.0f} s",
                       highlight=False)
+    if len(report["rounds"]) > 1:
+        for r in report["rounds"]:
+            prev = r["vs_previous"]
+            console.print(f"  round {r['round']}: pass@1 {100 * (r['pass@1'] or 0):.1f}%"
+                          + ("" if prev is None else f" ({100 * prev['mean']:+.1f} points on the round before)")
+                          + f", rows {sum(r['rows'].values())}", highlight=False)

@@ -15,7 +15,13 @@ Stages, each a Prefect task that is skipped when it finished before with the sam
 6. report    `report.md` / `report.json`: before and after, per task, the paired bootstrap interval
              of the difference, a plot, and the lineage of every artefact.
 
-Before anything runs, the generation tasks and the test tasks are checked to share no task.
+With `rounds: N` (and an optional warm start, round 0) stages 3-5 repeat per round into `round-k/`:
+round k generates with round k-1's model, keeps what the world verified, and trains from the last
+model (or from the base on every round's data); the report gives each round's pass@1 with paired
+intervals against the baseline and the previous round (`flows/improve_rounds.py`).
+
+Before anything runs, `flows/improve_checks.py` checks the output, the base, that the generation tasks
+and the test tasks share no task, and that no reference solution is used on a measured task group.
 """
 
 from __future__ import annotations
@@ -37,17 +43,15 @@ from prefect.cache_policies import NO_CACHE
 from backends.config import LLMConfig
 from flows import console as term
 from flows.hooks import HookError, run_hook
+from flows.improve_checks import STATE_DIR, ImproveError, TaskPlan, check_base, preflight
 from flows.improve_config import HookTrain, ImproveConfig, load_improve_config
+from flows.improve_rounds import Round, merge_exports, round_figures, write_rounds
 from flows.pipeline import output_lock, pipeline_flow
 from flows.pipeline_config import stage_key
 from flows.progress import RichProgress
 
-STATE_DIR = "_state"
 REPORT = "report.json"
-
-
-class ImproveError(ValueError):
-    """The loop cannot run as configured; the message is one line."""
+__all__ = ["ImproveError", "improve_flow"]
 
 
 # ---- stage state -------------------------------------------------------------------------------
@@ -91,24 +95,12 @@ def _task(name: str):
     return deco
 
 
-def base_source(cfg: ImproveConfig) -> str:
-    if cfg.base:
-        return cfg.base
-    if cfg.llm.model_path:
-        return cfg.llm.model_path
-    from backends.transformers_backend import default_model_path
-
-    return default_model_path()
-
-
 @_task("improve-base")
 def base_stage(cfg: ImproveConfig) -> dict[str, Any]:
     """The base as a Hugging Face directory (a GGUF file is unpacked into `base/`)."""
     from training.trainer import file_digest
 
-    source = Path(base_source(cfg))
-    if not source.exists():
-        raise ImproveError(f"base {source}: no such file or directory")
+    source = check_base(cfg)
     digest = file_digest(source)
     if source.is_dir():
         return {"stage": "base", "key": digest, "output": str(source), "source": str(source), "sha256": digest}
@@ -153,51 +145,31 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def check_disjoint(cfg: ImproveConfig) -> tuple[int, int]:
-    """(train tasks, test tasks); ImproveError when the generation tasks include a test task."""
-    from envs.spec import EnvFactory, EnvSpec
-    from evals.run import with_split
-    from generators.registry import get_method
-    from generators.runner import load_config
-
-    _, split, test = with_split(cfg.eval_config(), cfg.eval.split)
-    gen = load_config({k: v for k, v in cfg.generate_entry().items() if k != "name"})
-    reads_source = isinstance(gen, EnvSpec) and getattr(get_method(gen.method), "uses_task_source", False)
-    train = EnvFactory(gen).tasks() if reads_source else []
-    test_ids = {t.id for t in test}
-    shared = sorted(test_ids & {t.id for t in train})
-    if shared:
-        raise ImproveError(f"the generation tasks include {len(shared)} of the {len(test_ids)} test tasks "
-                           f"({', '.join(shared[:3])}{', ...' if len(shared) > 3 else ''}): give the task source a test split "
-                           "(tau2's split file; MiniWoB's seeds from 100000) or generate.tasks of their own")
-    if split == "none":
-        term.console.print("[bold yellow]warning:[/] the task source has no splits; the evals run every task",
-                           highlight=False)
-    return len(train), len(test_ids)
-
-
-def data_stage(cfg: ImproveConfig) -> dict[str, Any]:
-    """Generate, filter, dedup and export: the pipeline flow as a subflow into `data/`."""
-    pipeline = {"output": str(cfg.root / "data"), "generate": [cfg.generate_entry()],
-                "export": [cfg.export.format]}
-    if cfg.filter is not None:
-        pipeline["filter"] = cfg.filter.model_dump(mode="json")
+def data_stage(cfg: ImproveConfig, rnd: Round, llm: LLMConfig) -> dict[str, Any]:
+    """Generate (with `llm` acting), keep what the world verified, filter, dedup, decontaminate, export: the
+    pipeline flow as a subflow into the round's `data/` (it skips the stages it finished before)."""
+    chain = ([{"name": "verified"}] if cfg.keeps == "verified" else []) + (cfg.filter.chain if cfg.filter else [])
+    pipeline: dict[str, Any] = {"output": str(rnd.data), "generate": cfg.generate_entries(rnd.k, llm),
+                                "export": [cfg.export.format]}
+    if chain:
+        pipeline["filter"] = {"chain": chain}
     if cfg.dedup is not None:
         pipeline["dedup"] = cfg.dedup.model_dump(mode="json")
-    (cfg.root / "data").mkdir(parents=True, exist_ok=True)
-    path = cfg.root / "data" / "pipeline.yaml"
+    rnd.data.mkdir(parents=True, exist_ok=True)
+    path = rnd.data / "pipeline.yaml"
     path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
     result = pipeline_flow(str(path))
     exports = [s for s in result["stages"] if s["stage"] == "export"]
-    return {"stage": "data", "output": str(cfg.root / "data"), "export": exports[-1]["output"],
-            "export_key": exports[-1]["key"], "stages": result["stages"]}
+    return {"stage": "data", "output": str(rnd.data), "exports": [e["output"] for e in exports],
+            "export": exports[-1]["output"], "export_key": stage_key(*(e["key"] for e in exports)),
+            "stages": result["stages"], "entries": pipeline["generate"]}
 
 
 @_task("improve-train")
-def train_stage(cfg: ImproveConfig, export: str, export_key: str, base: str) -> dict[str, Any]:
-    out = cfg.root / "model"
+def train_stage(cfg: ImproveConfig, rnd: Round, export: str, export_key: str, base: str) -> dict[str, Any]:
+    out = rnd.model
     if isinstance(cfg.train, HookTrain):
-        return _hook_train(cfg, cfg.train, export, export_key, base, out)
+        return _hook_train(cfg, rnd, cfg.train, export, export_key, base, out)
     from training.trainer import train
 
     settings = cfg.train
@@ -210,23 +182,23 @@ def train_stage(cfg: ImproveConfig, export: str, export_key: str, base: str) -> 
     return {"stage": "train", "key": card["key"], "output": str(out), "card": card, "model": model}
 
 
-def _hook_train(cfg: ImproveConfig, hook: HookTrain, export: str, export_key: str, base: str,
+def _hook_train(cfg: ImproveConfig, rnd: Round, hook: HookTrain, export: str, export_key: str, base: str,
                 out: Path) -> dict[str, Any]:
     from flows.agent_r_config import next_model
 
     key = stage_key("train-hook", hook.command, export_key, base)
-    if (done := _done(cfg, "train", key)) is not None:
+    if (done := _done(cfg, rnd.state("train"), key)) is not None:
         return _skipped(done)
     out.mkdir(parents=True, exist_ok=True)
-    pending = cfg.root / ".next_model.json"
+    pending = rnd.dir / ".next_model.json"
     pending.unlink(missing_ok=True)
-    values = {"export": export, "base": base, "output": str(out), "round_dir": str(cfg.root),
-              "next_model_file": str(pending)}
+    log = rnd.dir / "train-hook.log"
+    values = {"export": export, "base": base, "output": str(out), "round_dir": str(rnd.dir),
+              "next_model_file": str(pending), "round": str(rnd.k)}
     argv = [arg.format(**values) for arg in shlex.split(hook.command)]
     env = {**os.environ, "TRAJFORGE_EXPORT": export, "TRAJFORGE_BASE": base, "TRAJFORGE_OUTPUT": str(out),
-           "TRAJFORGE_NEXT_MODEL_FILE": str(pending)}
-    last = run_hook(argv, env=env, cwd=hook.cwd, log_path=cfg.root / "train-hook.log", timeout_s=hook.timeout_s,
-                    what="train hook")
+           "TRAJFORGE_NEXT_MODEL_FILE": str(pending), "TRAJFORGE_ROUND": str(rnd.k)}
+    last = run_hook(argv, env=env, cwd=hook.cwd, log_path=log, timeout_s=hook.timeout_s, what="train hook")
     # What the hook reports, in order: a model in $TRAJFORGE_NEXT_MODEL_FILE (JSON fields or a URL: a server it
     # started), a checkpoint in {output} (served in process), the last line it printed.
     if pending.is_file() or not (out / "config.json").is_file():
@@ -235,12 +207,11 @@ def _hook_train(cfg: ImproveConfig, hook: HookTrain, export: str, export_key: st
             model: dict[str, Any] = next_model(cfg.llm, reported).model_dump(mode="json", exclude_none=True)
         except ValueError as exc:
             first = str(exc).splitlines()[0]
-            raise HookError(f"train hook: wrote no model to {out} and reported none ({first}); "
-                            f"log: {cfg.root / 'train-hook.log'}") from None
+            raise HookError(f"train hook: wrote no model to {out} and reported none ({first}); log: {log}") from None
     else:
         model = {"backend": "transformers", "model_path": str(out)}
     pending.unlink(missing_ok=True)
-    return _record(cfg, "train", key, out, command=hook.command, model=model)
+    return _record(cfg, rnd.state("train"), key, out, command=hook.command, model=model)
 
 
 def trained_llm(cfg: ImproveConfig, model: dict[str, Any]) -> dict[str, Any]:
@@ -258,82 +229,124 @@ def trained_llm(cfg: ImproveConfig, model: dict[str, Any]) -> dict[str, Any]:
 def improve_flow(config_path: str, output: str | None = None) -> dict[str, Any]:
     """The whole loop of the improve config at `config_path` (`output` replaces its output root)."""
     cfg = load_improve_config(config_path, output)
-    cfg.root.mkdir(parents=True, exist_ok=True)
+    plan = preflight(cfg)
+    (cfg.root / STATE_DIR).mkdir(parents=True, exist_ok=True)  # marks the output as improve's own
     with output_lock(cfg.root):
-        return _run(cfg, config_path)
+        return _run(cfg, config_path, plan)
 
 
-def _stage(n: int, label: str) -> None:
-    term.console.rule(f"[bold]improve {n}/6 {label}", align="left")
+class _Steps:
+    def __init__(self, cfg: ImproveConfig) -> None:
+        self.n, self.total = 0, 3 + 3 * (cfg.rounds - cfg.first_round() + 1)
+
+    def __call__(self, label: str) -> None:
+        self.n += 1
+        term.console.rule(f"[bold]improve {self.n}/{self.total} {label}", align="left")
 
 
-def _run(cfg: ImproveConfig, config_path: str) -> dict[str, Any]:
+def _timed(timings: dict[str, float], name: str, fn: Any, *args: Any) -> Any:
+    t = time.time()
+    result = fn(*args)
+    timings[name] = round(time.time() - t, 1)
+    return result
+
+
+def _run(cfg: ImproveConfig, config_path: str, plan: TaskPlan) -> dict[str, Any]:
     started = time.time()
     timings: dict[str, float] = {}
-
-    def timed(name: str, fn: Any, *args: Any) -> Any:
-        t = time.time()
-        result = fn(*args)
-        timings[name] = round(time.time() - t, 1)
-        return result
-
-    train_n, test_n = check_disjoint(cfg)
-    term.console.print(f"improve {describe(cfg.llm)}: {test_n} test task(s), {train_n} generation task(s) -> {cfg.root}",
-                       highlight=False)
-    _stage(1, "base model")
-    base = timed("base", base_stage, cfg)
+    step = _Steps(cfg)
+    term.console.print(f"improve {describe(cfg.llm)}: {plan.test} test task(s), {plan.train} generation task(s), "
+                       f"{cfg.rounds} round(s) -> {cfg.root}", highlight=False)
+    if plan.split == "none":
+        term.console.print("[bold yellow]warning:[/] the task source has no splits; the evals run every task",
+                           highlight=False)
+    step("base model")
+    base = _timed(timings, "base", base_stage, cfg)
     llm = cfg.llm.model_dump(mode="json", exclude_none=True)
     if cfg.llm.backend == "transformers":
         llm["model_path"] = base["output"]  # the unpacked base: same weights, loaded in a second
-    _stage(2, "baseline eval (test split)")
-    before = timed("baseline", eval_stage, cfg, "eval-baseline", llm, base["key"])
-    _stage(3, f"training data ({cfg.generate['method']} on the train split, export {cfg.export.format})")
-    data = timed("data", data_stage, cfg)
-    _stage(4, "train")
-    trained = timed("train", train_stage, cfg, data["export"], data["export_key"], base["output"])
-    _stage(5, "eval of the trained model (same test tasks)")
-    after = timed("trained", eval_stage, cfg, "eval-trained", trained_llm(cfg, trained["model"]), trained["key"])
-    _stage(6, "report")
-    report = write_report(cfg, config_path, base, before, data, trained, after, timings, time.time() - started)
-    return report
+    step("baseline eval (test split)")
+    before = _timed(timings, "baseline", eval_stage, cfg, "eval-baseline", llm, base["key"])
+    current = {"llm": llm, "key": base["key"], "path": base["output"]}
+    rounds: list[dict[str, Any]] = []
+    exports: list[str] = []
+    for k in range(cfg.first_round(), cfg.rounds + 1):
+        rnd = Round.of(cfg, k)
+        times: dict[str, float] = {}
+        what = ", ".join(e["method"] for e in cfg.round_generate(k))
+        step(f"{rnd.label}training data ({what} on the train split, keep {cfg.keeps}, export {cfg.export.format})")
+        data = _timed(times, "data", data_stage, cfg, rnd, LLMConfig.model_validate(current["llm"]))
+        exports += data["exports"]
+        start_from = base["output"] if cfg.train_from == "base" or k == cfg.first_round() else current["path"]
+        export = merge_exports(exports if cfg.train_from == "base" else data["exports"], rnd.dir / "export")
+        export_key = _sha256(export / "card.json") if export is not None else None
+        source = ("the base on every round's data so far" if cfg.train_from == "base" and k > cfg.first_round()
+                  else "the base" if start_from == base["output"] else f"round {k - 1}'s model")
+        step(f"{rnd.label}train ({source})")
+        if export is None:
+            term.console.print("  skipped: no row to train on; the model stays as it was", highlight=False)
+            trained = {"stage": "train", "key": current["key"], "output": current["path"], "model": None}
+        else:
+            trained = _timed(times, "train", train_stage, cfg, rnd, str(export), export_key, start_from)
+            current = {"llm": trained_llm(cfg, trained["model"]), "key": trained["key"],
+                       "path": trained["model"].get("model_path") or start_from}
+        step(f"{rnd.label}eval of the trained model (same test tasks)")
+        after = _timed(times, "eval", eval_stage, cfg, rnd.eval_name, current["llm"], current["key"])
+        # The single-round layout keeps its stage names (`trained`: the eval of the trained model).
+        timings.update({rnd.prefix + ("trained" if name == "eval" and not rnd.prefix else name): v
+                        for name, v in times.items()})
+        rounds.append({"round": rnd, "data": data, "trained": trained, "after": after, "export": export,
+                       "stage_seconds": times, "trains_from": cfg.train_from})
+    step("report")
+    return write_report(cfg, config_path, plan, base, before, rounds, timings, time.time() - started)
 
 
 def describe(llm: LLMConfig) -> str:
     return f"{llm.backend}:{llm.model}" + (f" ({llm.model_path})" if llm.model_path else "")
 
 
-def write_report(cfg: ImproveConfig, config_path: str, base: dict[str, Any], before: dict[str, Any],
-                 data: dict[str, Any], trained: dict[str, Any], after: dict[str, Any], timings: dict[str, float],
-                 seconds: float) -> dict[str, Any]:
+def write_report(cfg: ImproveConfig, config_path: str, plan: TaskPlan, base: dict[str, Any], before: dict[str, Any],
+                 rounds: list[dict[str, Any]], timings: dict[str, float], seconds: float) -> dict[str, Any]:
     from evals.compare import compare, markdown, summary_rows
     from evals.plots import before_after
 
+    last = rounds[-1]
+    data, trained, after = last["data"], last["trained"], last["after"]
     result = compare(before["report"], after["report"], seed=cfg.seed)
     plot = before_after(result["groups"], cfg.root / "plots" / "before_after.png",
                         "pass@1 before and after training", ("before", "after"))
-    export_card = _read_json(Path(data["export"]) / "card.json")
+    export = Path(last["export"] or data["export"])
+    export_card = _read_json(export / "card.json")
     lineage = {
         "config": str(Path(config_path).resolve()),
         "base": {k: base.get(k) for k in ("source", "sha256", "output")},
         "baseline_eval": _eval_lineage(before["report"]),
         "data": [{"stage": s["stage"], "name": s["name"], "output": s["output"], "counts": s["counts"],
                   "reason": s["reason"]} for s in data["stages"]],
-        "export": {"output": data["export"], "format": export_card.get("format"), "counts": export_card.get("counts"),
-                   "card_sha256": _sha256(Path(data["export"]) / "card.json")},
+        "export": {"output": str(export), "format": export_card.get("format"), "counts": export_card.get("counts"),
+                   "card_sha256": _sha256(export / "card.json")},
         "model": {"output": trained["output"], "model": trained["model"],
                   **({k: trained["card"][k] for k in ("objective", "steps", "rows", "train_loss", "learning_rate",
                                                       "settings", "base", "export", "seconds")}
                      if "card" in trained else {"command": trained.get("command")})},
         "trained_eval": _eval_lineage(after["report"]),
+        "rounds": [{"round": r["round"].k, "export": str(r["export"]) if r["export"] else None,
+                    "model": r["trained"]["output"], "eval": _eval_lineage(r["after"]["report"]),
+                    "data": [{k: s[k] for k in ("stage", "name", "output", "counts")} for s in r["data"]["stages"]]}
+                   for r in rounds],
     }
+    figures = round_figures(cfg, before["report"], rounds)
     out = {"output": str(cfg.root), "seconds": round(seconds, 1), "stage_seconds": timings,
            "before": _headline(before["report"]), "after": _headline(after["report"]), "comparison": result,
-           "lineage": lineage}
+           "lineage": lineage, "baseline_eval": before["report"]["output"], "train_from": cfg.train_from,
+           "keep": cfg.keeps, "warm_start": plan.warm_start(), "rounds": figures}
     (cfg.root / REPORT).write_text(json.dumps(out, indent=1, default=str) + "\n", encoding="utf-8")
-    md = markdown(result, "plots/before_after.png" if plot else None, title="Improve: before and after training")
+    md = markdown(result, "plots/before_after.png" if plot else None,
+                  title="Improve: before and after training" + (f" ({len(rounds)} rounds)" if cfg.in_rounds else ""))
     md += "\n## Before and after\n\n| | before | after |\n|---|---|---|\n"
     for key in ("pass@1", "reward_mean", "steps_mean", "unusable_answers", "episodes", "wall_s"):
         md += f"| {key} | {_fmt(out['before'][key])} | {_fmt(out['after'][key])} |\n"
+    md += write_rounds(cfg, out)
     md += "\n## Lineage\n\n```json\n" + json.dumps(lineage, indent=1, default=str) + "\n```\n"
     (cfg.root / "report.md").write_text(md, encoding="utf-8")
     create_markdown_artifact(key="trajforge-improve-report", markdown=md.split("\n## Lineage")[0],

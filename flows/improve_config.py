@@ -14,6 +14,15 @@
     export: {format: trl-sft}
     train: {epochs: 2, learning_rate: 1e-4}         # `trajforge train` settings; or {command: "...", timeout_s: ...}
 
+Rounds (self-improvement without an oracle): `rounds: N` runs generate -> keep -> export -> train ->
+eval N times, round k generating with round k-1's model (round 1 with the base, or with round 0's):
+
+    rounds: 2
+    generate: [{method: rollout, samples_per_task: 4, agent_temperature: 0.7}]   # each round's (default)
+    warm_start: {method: demonstrations, tasks: {...}}  # optional round 0: pages other than the measured ones
+    train_from: last                                # or base: the base on every round's data so far
+    keep: verified                                  # what the world verified (default with rounds), or all
+
 `base` is what training starts from: a Hugging Face model directory or a GGUF file (default: the
 llm's `model_path`, else the embedded SmolLM2 GGUF). The evals serve it with the llm's settings;
 the trained model is served the same way (transformers backend) unless a training hook reports
@@ -62,6 +71,9 @@ class HookTrain(BaseModel):
     cwd: str | None = None
 
 
+REJECTION_SAMPLING: dict[str, Any] = {"method": "rollout", "samples_per_task": 4, "agent_temperature": 0.7}
+
+
 class ImproveConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -79,7 +91,19 @@ class ImproveConfig(BaseModel):
     agent_temperature: float | None = None
     seed: int = 0
     eval: EvalStage = Field(default_factory=EvalStage)
-    generate: dict[str, Any] = Field(default_factory=lambda: {"method": "demonstrations"})
+    generate: dict[str, Any] | list[dict[str, Any]] = Field(
+        default_factory=lambda: {"method": "demonstrations"},
+        description="each round's generation: one method config or several (default with rounds > 1: rejection "
+                    "sampling, rollout with 4 samples per task at temperature 0.7)")
+    rounds: int = Field(1, ge=1, le=100, description="generate, keep, export, train, eval this many times")
+    warm_start: dict[str, Any] | list[dict[str, Any]] | None = Field(
+        None, description="round 0's generation (demonstrations), on tasks other than the measured ones")
+    train_from: Literal["last", "base"] = Field(
+        "last", description="last: round k trains round k-1's model on round k's data; base: the base on all "
+                            "rounds' data so far")
+    keep: Literal["verified", "all"] | None = Field(
+        None, description="verified: only what the world verified (success); default verified with rounds or a "
+                          "warm start, else all (the export decides)")
     filter: FilterStage | None = None
     dedup: DedupStage | None = None
     export: ExportStage = Field(default_factory=ExportStage)
@@ -87,10 +111,16 @@ class ImproveConfig(BaseModel):
 
     @model_validator(mode="after")
     def _generate_is_a_method(self) -> ImproveConfig:
-        if not isinstance(self.generate.get("method"), str):
-            raise ValueError("generate needs a method (e.g. demonstrations, rollout)")
-        if "output" in self.generate or "name" in self.generate:
-            raise ValueError("generate: output and name are set by improve; remove them")
+        if self.in_rounds and "generate" not in self.model_fields_set:
+            self.generate = dict(REJECTION_SAMPLING)
+        for what, entries in (("generate", self.generate), ("warm_start", self.warm_start)):
+            for entry in [] if entries is None else entries if isinstance(entries, list) else [entries]:
+                if not isinstance(entry.get("method"), str):
+                    raise ValueError(f"{what} needs a method (e.g. demonstrations, rollout)")
+                if "output" in entry or "name" in entry:
+                    raise ValueError(f"{what}: output and name are set by improve; remove them")
+            if isinstance(entries, list) and not entries:
+                raise ValueError(f"{what}: give at least one method")
         if self.export.format != "trl-sft" and isinstance(self.train, TrainConfig) and self.train.objective not in (
                 None, {"trl-dpo": "dpo", "trl-kto": "kto"}[self.export.format]):
             raise ValueError(f"train.objective {self.train.objective} does not fit export {self.export.format}")
@@ -100,6 +130,24 @@ class ImproveConfig(BaseModel):
     @property
     def root(self) -> Path:
         return Path(self.output).resolve()
+
+    @property
+    def in_rounds(self) -> bool:
+        """Rounds layout (`round-k/`): more than one round, or a warm start; else the single-round layout."""
+        return self.rounds > 1 or self.warm_start is not None
+
+    @property
+    def keeps(self) -> str:
+        return self.keep or ("verified" if self.in_rounds else "all")
+
+    def first_round(self) -> int:
+        return 0 if self.warm_start is not None else 1
+
+    def round_generate(self, k: int) -> list[dict[str, Any]]:
+        """Round k's method configs (round 0: the warm start)."""
+        entries = self.warm_start if k == 0 else self.generate
+        assert entries is not None
+        return list(entries) if isinstance(entries, list) else [entries]
 
     def agent(self, llm: LLMConfig) -> dict[str, Any]:
         """The agent config both evals run (an eval config), with `llm` acting."""
@@ -115,22 +163,36 @@ class ImproveConfig(BaseModel):
 
         return eval_config(self.agent(llm or self.llm))
 
-    def generate_entry(self) -> dict[str, Any]:
+    def generate_entries(self, k: int, llm: LLMConfig | None = None) -> list[dict[str, Any]]:
+        """Round k's pipeline generate entries, `llm` acting (default: the llm); one generate dict in the
+        single-round layout keeps its name `train-data`, else each entry is named after its method."""
+        entries = self.round_generate(k)
+        if not self.in_rounds and isinstance(self.generate, dict):
+            return [self.generate_entry(entries[0], "train-data", llm)]
+        out, seen = [], {}
+        for entry in entries:
+            method = entry["method"]
+            seen[method] = seen.get(method, 0) + 1
+            out.append(self.generate_entry(entry, method if seen[method] == 1 else f"{method}-{seen[method]}", llm))
+        return out
+
+    def generate_entry(self, entry: dict[str, Any] | None = None, name: str = "train-data",
+                       llm: LLMConfig | None = None) -> dict[str, Any]:
         """The pipeline's generate entry: the method's own keys over the agent config (those the method takes),
         on the source's default split (train, where it has splits)."""
         from generators.registry import get_method
 
+        entry = entry if entry is not None else self.round_generate(1)[0]
         tasks = self.tasks.model_dump(mode="json", exclude_defaults=True, exclude={"split", "allow_test_split"})
         defaults: dict[str, Any] = {"env": self.env, "env_config": self.env_config, "tasks": tasks,
                                     "user": self.user.model_dump(mode="json", exclude_defaults=True),
                                     "max_steps": self.max_steps, "max_parse_failures": self.max_parse_failures,
                                     "agent_mode": self.agent_mode, "agent_temperature": self.agent_temperature,
                                     "seed": self.seed}
-        if self.generate["method"] != "demonstrations":
-            defaults["llm"] = self.llm.model_dump(mode="json", exclude_none=True)  # the model improves itself
-        fields = get_method(self.generate["method"]).Config.model_fields
-        return {"name": "train-data", **{k: v for k, v in defaults.items() if k in fields and v is not None},
-                **self.generate}
+        if entry["method"] != "demonstrations":  # the model improves itself
+            defaults["llm"] = (llm or self.llm).model_dump(mode="json", exclude_none=True)
+        fields = get_method(entry["method"]).Config.model_fields
+        return {"name": name, **{k: v for k, v in defaults.items() if k in fields and v is not None}, **entry}
 
 
 def load_improve_config(path: str | Path, output: str | None = None) -> ImproveConfig:

@@ -245,6 +245,7 @@ class Curriculum(EnvMethod):
 
     name = "curriculum"
     Config = CurriculumConfig
+    uses_reference_solutions = True  # the writer is shown each seed's reference solution, replayed
     templates = (EVOLVE_SYSTEM, *DIRECTIONS.values(), *CHECKS.values(), EVOLVE_USER)
     config: CurriculumConfig
     roles = (Role("task writer", "evolves the selected tasks easier and harder", ("teacher", "judge")),)

@@ -63,6 +63,7 @@ class Demonstrations(EnvMethod):
     """The environment's reference solutions (tau2 gold actions, MiniWoB solvers) recorded as trajectories."""
 
     name = "demonstrations"
+    uses_reference_solutions = True
     Config = DemonstrationsConfig
     config: DemonstrationsConfig
 

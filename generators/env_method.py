@@ -66,6 +66,9 @@ class EnvMethod(GenerationMethod):
     config: EnvMethodConfig
     # Methods whose tasks come from elsewhere (input trajectories, tutorials) do not read the task source.
     uses_task_source: ClassVar[bool] = True
+    # Methods that read the environment's reference solutions (an oracle): `trajforge improve` keeps them off the
+    # measured tasks.
+    uses_reference_solutions: ClassVar[bool] = False
 
     def __init__(self, config: EnvMethodConfig, llm: Any):
         super().__init__(config, llm)

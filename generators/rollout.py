@@ -7,8 +7,9 @@ task source (`tasks:` — the environment's generator, a JSONL file, tau2-bench'
 
 One method task per (env task, sample): id `<task id>#<k>` for k < `samples_per_task`.
 Sample 0 prompts the agent plainly; sample k > 0 adds "(Attempt k+1.)" to the agent's system
-prompt (and a `sample` task param a simulator sees), so every sample's calls are distinct cache
-entries, deterministic, and a resumed run repeats none; raising `samples_per_task` later reuses
+prompt (and a `sample` task param a simulator sees), and with several samples sample k is draw k
+(sampling seed `seed + k`), so every sample's calls are distinct cache entries, deterministic,
+independent at a temperature above 0, and a resumed run repeats none; raising `samples_per_task` later reuses
 the samples already made.
 
 Each trajectory carries the environment's evaluation (`reward`, `success`, and in `details` its
@@ -66,7 +67,9 @@ class Rollout(EnvMethod):
             task = task.model_copy(update={"params": {**task.params, "sample": k}})
         try:
             async with self.make_env() as env:
-                episode = await play_episode(env, self.policy(), task, max_steps=self.config.max_steps,
+                # Rejection sampling: sample k is independent draw k (its own sampling seed) at the temperature.
+                policy = self.policy(draw=k if self.config.samples_per_task > 1 else None)
+                episode = await play_episode(env, policy, task, max_steps=self.config.max_steps,
                                              max_parse_failures=self.config.max_parse_failures,
                                              guidance=ATTEMPT.format(n=k + 1) if k > 0 else None)
         except Exception as exc:  # noqa: BLE001 - classified and quarantined; the run goes on

@@ -160,3 +160,12 @@ def test_chain_stops_at_first_drop_and_passes_modified_record():
     t.steps = t.steps[:3]
     out = chain.run_sync(t)
     assert out.status == "filtered" and out.filter == "final_answer"
+
+
+@pytest.mark.parametrize("success, reason", [(True, None), (False, "not verified: success is false"),
+                                             (None, "not verified: success is unknown")])
+def test_verified_keeps_only_what_the_world_verified(success, reason):
+    t = tool_trajectory(1)
+    t.success = success
+    d = decide({"name": "verified"}, t)
+    assert d.keep is (success is True) and d.reason == reason
