@@ -6,11 +6,11 @@ shop, `simulated` (an LLM plays the tools and the user from a tool list and a po
 task source (`tasks:` — the environment's generator, a JSONL file, tau2-bench's tasks.json).
 
 One method task per (env task, sample): id `<task id>#<k>` for k < `samples_per_task`.
-Sample 0 prompts the agent plainly; sample k > 0 adds "(Attempt k+1.)" to the agent's system
-prompt (and a `sample` task param a simulator sees), and with several samples sample k is draw k
-(sampling seed `seed + k`), so every sample's calls are distinct cache entries, deterministic,
-independent at a temperature above 0, and a resumed run repeats none; raising `samples_per_task` later reuses
-the samples already made.
+Every sample gets the same prompt: nothing in it says which sample it is, since the trained agent
+will not be told either. With several samples sample k is draw k (sampling seed `seed + k`; a
+simulator sees a `sample` task param), so every sample's calls are distinct cache entries,
+deterministic, independent at a temperature above 0, and a resumed run repeats none; raising
+`samples_per_task` later reuses the samples already made.
 
 Each trajectory carries the environment's evaluation (`reward`, `success`, and in `details` its
 reason and each criterion's verdict), the env's tools, every step (the user's first message,
@@ -36,8 +36,6 @@ from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.registry import register_method
 
-ATTEMPT = "(Attempt {n}.)"
-
 
 class RolloutConfig(EnvMethodConfig):
     method: Literal["rollout"] = "rollout"
@@ -51,7 +49,7 @@ class Rollout(EnvMethod):
 
     name = "rollout"
     Config = RolloutConfig
-    templates = (AGENT_SYSTEM, TEXT_FORMAT, ATTEMPT)
+    templates = (AGENT_SYSTEM, TEXT_FORMAT)
     config: RolloutConfig
 
     def tasks(self) -> Iterable[TaskSpec]:
@@ -70,8 +68,7 @@ class Rollout(EnvMethod):
                 # Rejection sampling: sample k is independent draw k (its own sampling seed) at the temperature.
                 policy = self.policy(draw=k if self.config.samples_per_task > 1 else None)
                 episode = await play_episode(env, policy, task, max_steps=self.config.max_steps,
-                                             max_parse_failures=self.config.max_parse_failures,
-                                             guidance=ATTEMPT.format(n=k + 1) if k > 0 else None)
+                                             max_parse_failures=self.config.max_parse_failures)
         except Exception as exc:  # noqa: BLE001 - classified and quarantined; the run goes on
             stage, error = episode_failure(exc)
             result.fail(spec.id, stage, error, {"task": task.id, "sample": k})

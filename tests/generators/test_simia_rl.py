@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from flows.cli import app
-from flows.improve import check_disjoint
+from flows.improve_checks import check_tasks
 from flows.improve_config import load_improve_config
 from schemas.store import Dataset
 from tests.conftest import REPO
@@ -43,8 +43,8 @@ def world(body: dict[str, Any]) -> Any:
     if "<tool_call>" in system:  # the agent: draw 0 looks the user up, draw 1 only talks
         if any(m["role"] == "tool" or "yusuf_rossi_9620" in str(m.get("content")) for m in body["messages"][1:]):
             return "I found your account, Yusuf. Is there anything else?"
-        # The second sample: another draw (its seed), or (rollout before it drew) the attempt marker.
-        if not (body.get("seed") == 1 or "(Attempt 2.)" in system):
+        # The second sample is another draw: its own seed, the same prompt.
+        if body.get("seed") != 1:
             call = {"name": "find_user_id_by_name_zip",
                     "arguments": {"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"}}
             return f"Let me find your account.\n<tool_call>{json.dumps(call)}</tool_call>"
@@ -62,7 +62,8 @@ def test_simia_rl_trains_on_rewarded_episodes_of_the_simulated_world_and_evals_o
     assert entry["env_config"]["from_mcp"] == real  # the simulation copies the real server's tools and policy
     assert entry["user"] == {"kind": "auto"}  # the simulator plays the customer
     # improve's own check before it runs: training tasks (train split) and test tasks share none.
-    assert check_disjoint(cfg) == (8, 8)
+    plan = check_tasks(cfg)
+    assert (plan.train, plan.test) == (8, 8)
 
     with FakeServer(rules=[Rule(fn=world)]) as server:
         entry = {k: v for k, v in entry.items() if k != "name"}
