@@ -39,7 +39,6 @@ from schemas.outdir import ForeignDirError, check_output_dir
 CARD = "train.json"
 RECORD_IDS = "record_ids.txt"
 CHECKPOINTS = "checkpoints"
-OBJECTIVE_OF_FORMAT = {"trl-sft": "sft", "tokenized": "sft", "trl-dpo": "dpo", "trl-kto": "kto"}
 
 
 class TrainError(ValueError):
