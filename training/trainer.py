@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.transformers_backend import load_model, resolve_chat_template
-from converters.export.guide import TrainerSettings, trainer_settings
+from converters.export.guide import TRL_FORMATS, TrainerSettings, trainer_settings
 from schemas.outdir import ForeignDirError, check_output_dir
 
 CARD = "train.json"
@@ -85,9 +85,7 @@ def read_export(export: Path) -> tuple[dict[str, Any], list[Path]]:
         raise TrainError(f"{export}: not an export (no card.json); make one with trajforge export") from None
     except (OSError, ValueError) as exc:
         raise TrainError(f"{export}/card.json: cannot read it ({exc})") from None
-    if trainer_settings(card) is None:
-        raise TrainError(f"{export}: format {card.get('format')!r} is not trained with TRL "
-                         "(trl-sft, tokenized, trl-dpo, trl-kto are)")
+    settings_for(card, None)  # a format TRL does not train has no shards to look for
     files = sorted((export / "data").glob("train-*.parquet"))
     if not files:
         held = "no data/ directory" if not (export / "data").is_dir() else "no train-*.parquet shard in data/"
@@ -98,7 +96,7 @@ def read_export(export: Path) -> tuple[dict[str, Any], list[Path]]:
 def settings_for(card: dict[str, Any], objective: str | None) -> TrainerSettings:
     settings = trainer_settings(card)
     if settings is None:
-        raise TrainError(f"format {card.get('format')!r} is not trained with TRL (trl-sft, tokenized, trl-dpo, trl-kto are)")
+        raise TrainError(f"format {card.get('format')!r} is not trained with TRL ({', '.join(TRL_FORMATS)} are)")
     if objective is not None and objective != settings.objective:
         raise TrainError(f"--objective {objective} does not fit a {card['format']} export (it trains {settings.objective})")
     return settings
