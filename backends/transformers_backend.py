@@ -95,18 +95,27 @@ def load_model(path: str, *, device: str | None = None, train: bool = False) -> 
 
 
 def _unpacked(model: Any, path: str) -> None:
-    """A GGUF model whose weights were dequantized on load is a plain model: drop the quantizer's mark, which
-    would stop the Trainer and `save_pretrained` (both refuse quantized models)."""
+    """A GGUF model whose weights were dequantized on load is a plain model: drop every quantized mark, which
+    would stop the Trainer ("cannot perform fine-tuning on purely quantized models") and `save_pretrained`.
+
+    transformers marks it in several places, and which ones varies by version: the quantizer, the
+    config's quantization_config, `model.is_quantized` (set even when no quantizer is kept, as 5.24
+    does) and `config._is_quantized` on each sub-model.
+    """
     quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is None:
-        return
-    if getattr(quantizer, "supported", False) and not getattr(quantizer.quantization_config, "dequantize", True):
+    if (quantizer is not None and getattr(quantizer, "supported", False)
+            and not getattr(quantizer.quantization_config, "dequantize", True)):
         raise ValueError(f"model {path}: transformers kept the GGUF weights quantized (a GGUF kernel is installed); "
                          "it can be served but not trained or saved")
     model.hf_quantizer = None
-    model.config.quantization_config = None
-    if hasattr(model.config, "quantization_config"):
-        delattr(model.config, "quantization_config")
+    model.is_quantized = False
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is None:
+            continue
+        for attr in ("quantization_config", "_is_quantized"):
+            if attr in vars(config):
+                delattr(config, attr)
 
 
 def default_model_path() -> str:

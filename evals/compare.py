@@ -16,6 +16,7 @@ from typing import Any
 
 from evals.metrics import mean, paired_bootstrap
 from evals.report import load_report, num, pct
+from schemas.outdir import check_output_dir
 
 COMPARE = "compare.json"
 
@@ -86,9 +87,16 @@ def markdown(result: dict[str, Any], plot: str | None = None, title: str = "Comp
     return "\n".join(lines) + "\n"
 
 
+def check_compare_output(out: Path) -> None:
+    """Refuse an output that is a file or a non-empty directory no compare wrote (ForeignDirError)."""
+    check_output_dir(out, COMPARE, "a comparison trajforge wrote")
+
+
 def write_compare(out: Path, result: dict[str, Any], labels: tuple[str, str] = ("A", "B")) -> None:
+    """compare.json (first: the mark of a directory compare wrote), compare.csv, compare.md and the plot."""
     from evals.plots import before_after
 
+    check_compare_output(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / COMPARE).write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
     with (out / "compare.csv").open("w", newline="", encoding="utf-8") as fh:

@@ -34,6 +34,7 @@ from generators.failures import episode_failure
 from generators.runner import generate
 
 TEST = "test"
+ALL = "all"  # every task, whatever its split
 NO_SPLIT = "none"
 
 
@@ -93,7 +94,8 @@ class Evaluate(EnvMethod):
 def with_split(config: EvalConfig, split: str | None) -> tuple[EvalConfig, str, list[Task]]:
     """The config reading `split` (default: test), the split it ran, and its tasks.
 
-    A source without splits runs every task when no split was asked for by name (split "none").
+    A source without splits runs every task when no split was asked for by name (split "none"); a
+    split asked for by name that the tasks do not have is refused (ValueError naming the splits there are).
     """
     wanted = split or TEST
     cfg = config.model_copy(update={"tasks": config.tasks.model_copy(update={"split": wanted,
@@ -105,7 +107,11 @@ def with_split(config: EvalConfig, split: str | None) -> tuple[EvalConfig, str, 
             raise
         cfg = config.model_copy(update={"tasks": config.tasks.model_copy(update={"split": None})})
         return cfg, NO_SPLIT, EnvFactory(cfg).tasks()
-    if not any(t.metadata.get("split") for t in tasks):
+    splits = sorted({str(t.metadata["split"]) for t in tasks if t.metadata.get("split")})
+    if split is not None and split != ALL and split not in splits:
+        there = f"splits: {', '.join(splits)}, or all" if splits else "it has no splits: leave --split out, or all"
+        raise ValueError(f"no split {split!r} in the tasks of the {config.tasks.source} source ({there})")
+    if not splits:
         return cfg, NO_SPLIT, tasks
     return cfg, wanted, tasks
 

@@ -82,6 +82,10 @@ def convert(
         if progress.live.is_started:
             progress.stop()
     print_summary(summary)
+    n = summary.counts["in"]
+    if n and summary.counts["quarantined"] == n:
+        fail(f"all {n} records were quarantined, none converted (reasons above; the records are in {output}/quarantine): "
+             f"are these {source} records?")
 
 
 def print_summary(summary: object) -> None:

@@ -90,9 +90,11 @@ def compare_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
 ) -> None:
     """Per-task differences of pass@1 (B - A) and a paired bootstrap interval of their mean."""
-    from evals.compare import compare_dirs, summary_rows, write_compare
+    from evals.compare import check_compare_output, compare_dirs, summary_rows, write_compare
 
     try:
+        if output is not None:  # refused before the work, not after the tables
+            check_compare_output(output)
         result = compare_dirs(a, b, seed=seed)
     except ValueError as exc:
         fail(str(exc))
@@ -111,7 +113,10 @@ def compare_cmd(
         groups.add_row(g["group"], str(g["tasks"]), _pct(g["a"]), _pct(g["b"]), f"{100 * g['delta']:+.1f}")
     console.print(groups)
     if output is not None:
-        write_compare(output, result)
+        try:
+            write_compare(output, result)
+        except OSError as exc:
+            fail(f"{output}: cannot write the comparison ({exc.strerror or exc})")
         console.print(f"written: {output / 'compare.md'}", highlight=False)
     if result["tasks_in_common"] == 0:
         fail(f"{a} and {b} have no scored task in common")

@@ -105,7 +105,21 @@ def print_report(report: Any) -> None:
     for note, n in sorted(report.notes.items()):
         table.add_row(note, str(n))
     console.print(table)
-    console.print(f"train with the settings in {report.output / 'README.md'} (section Training)", highlight=False)
+    console.print(next_step(report.format, report.output, report.files), highlight=False)
+
+
+def next_step(fmt: str, out: Path, files: list[Path]) -> str:
+    """What to do with the export: train it (TRL formats), hand it to its trainer, or read it (ATIF)."""
+    from converters.export.guide import TRL_FORMATS
+
+    readme = out / "README.md"
+    if fmt in TRL_FORMATS:
+        return f"train: trajforge train {out} --base MODEL -o DIR (the settings in {readme}, section Training)"
+    if fmt == "atif":
+        shown = files[0] if files else out / "data"
+        return (f"ATIF is for viewers and tools, not a training format (trajforge train takes {', '.join(TRL_FORMATS)}); "
+                f"read back with: trajforge convert --source atif --input {shown} -o DIR")
+    return f"train with the settings in {readme} (section Training)"
 
 
 def card(

@@ -512,6 +512,9 @@ def _read_jsonl_range(chunk: Chunk) -> Iterator[tuple[str, Any]]:
         yield from _parse_lines(chunk.input, chunk.start, lines)
 
 
+BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark: not part of the JSON
+
+
 def _parse_lines(path: str, first: int, lines: Any) -> Iterator[tuple[str, Any]]:
     loads = orjson.loads
     for number, line in enumerate(lines, first + 1):
@@ -523,6 +526,12 @@ def _parse_lines(path: str, first: int, lines: Any) -> Iterator[tuple[str, Any]]
         try:
             yield f"{path}:{number}", loads(line)
         except orjson.JSONDecodeError as exc:
+            if line.startswith(BOM):  # Windows tools start a file (or each line they append) with one
+                try:
+                    yield f"{path}:{number}", loads(line[len(BOM):])
+                    continue
+                except orjson.JSONDecodeError as bom_exc:
+                    exc = bom_exc
             yield f"{path}:{number}", _parse_failure(line, exc)
 
 
@@ -556,7 +565,7 @@ def _open_compressed(path: str, kind: str) -> IO[bytes]:
 @functools.lru_cache(maxsize=1)
 def _load_json(path: str, mtime: float) -> list[tuple[Any, Any]]:
     """The records of a JSON file as (key, record), cached so its chunks parse it once per process."""
-    data = Path(path).read_bytes()
+    data = Path(path).read_bytes().removeprefix(BOM)
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from schemas.arrow import FROM_ROW, TABLE_SCHEMAS, TO_ROW, as_current, readable_as
 from schemas.models import SCHEMA_VERSION
+from schemas.outdir import ForeignDirError, check_output_dir
 
 MANIFEST = "_manifest.json"
 TABLES = tuple(TABLE_SCHEMAS)
@@ -123,18 +124,13 @@ def check_apart(output: str | os.PathLike[str], inputs: Iterable[str | os.PathLi
             raise StoreError(f"{output}: the output contains the input {given}; write to a directory apart from it")
 
 
-def _foreign_entries(path: Path) -> list[str]:
-    """What a directory without a manifest holds that trajforge did not put there itself (the
-    table folders, lock and temp files a killed `create` may leave are trajforge's)."""
-    found = []
-    for entry in sorted(path.iterdir()):
-        if entry.name == LOCK_FILE or entry.name.startswith(TEMP_PREFIX):
-            continue
-        if (entry.name in TABLES and entry.is_dir() and not entry.is_symlink()
-                and all(child.name.startswith(TEMP_PREFIX) for child in entry.iterdir())):
-            continue
-        found.append(entry.name)
-    return found
+def _left_by_create(entry: Path) -> bool:
+    """Whether a directory entry is what a killed `create` may leave before its manifest (the table
+    folders, lock and temp files are trajforge's)."""
+    if entry.name == LOCK_FILE or entry.name.startswith(TEMP_PREFIX):
+        return True
+    return (entry.name in TABLES and entry.is_dir() and not entry.is_symlink()
+            and all(child.name.startswith(TEMP_PREFIX) for child in entry.iterdir()))
 
 
 def _unit_entry_ok(unit: Any) -> bool:
@@ -182,13 +178,10 @@ class Dataset:
         """
         ds = cls(Path(path))
         try:
-            if ds.path.is_symlink() or ds.path.exists():
-                if not ds.path.is_dir():
-                    raise StoreError(f"{ds.path}: exists and is not a directory; choose a directory for the output")
-                if not ds.manifest_path.exists() and (foreign := _foreign_entries(ds.path)):
-                    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-                    raise StoreError(f"{ds.path}: not empty ({shown}) and not a trajforge dataset (no {MANIFEST}); "
-                                     "refusing to write into it: choose a new or empty directory")
+            try:
+                check_output_dir(ds.path, MANIFEST, "a trajforge dataset", ours=_left_by_create)
+            except ForeignDirError as exc:
+                raise StoreError(str(exc)) from None
             ds.path.mkdir(parents=True, exist_ok=True)
             for table in TABLES:
                 (ds.path / table).mkdir(exist_ok=True)

@@ -14,6 +14,9 @@ checkpoint, so the model is served with the template it was trained on.
     OUT/README.md           a model card with the same
     OUT/checkpoints/        the trainer's checkpoints: a killed run resumes from the last one
 
+OUT is a new or empty directory, or one `train` wrote (its `train.json` is written first): a
+non-empty directory without it (a user's folder, the export itself) is refused.
+
 Seeded (`seed`: initialisation, data order, dropout). A finished run with the same inputs and
 settings is not run again.
 """
@@ -30,12 +33,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.transformers_backend import load_model, resolve_chat_template
-from converters.export.guide import TrainerSettings, trainer_settings
+from converters.export.guide import TRL_FORMATS, TrainerSettings, trainer_settings
+from schemas.outdir import ForeignDirError, check_output_dir
 
 CARD = "train.json"
 RECORD_IDS = "record_ids.txt"
 CHECKPOINTS = "checkpoints"
-OBJECTIVE_OF_FORMAT = {"trl-sft": "sft", "tokenized": "sft", "trl-dpo": "dpo", "trl-kto": "kto"}
 
 
 class TrainError(ValueError):
@@ -82,16 +85,18 @@ def read_export(export: Path) -> tuple[dict[str, Any], list[Path]]:
         raise TrainError(f"{export}: not an export (no card.json); make one with trajforge export") from None
     except (OSError, ValueError) as exc:
         raise TrainError(f"{export}/card.json: cannot read it ({exc})") from None
+    settings_for(card, None)  # a format TRL does not train has no shards to look for
     files = sorted((export / "data").glob("train-*.parquet"))
     if not files:
-        raise TrainError(f"{export}: no data/train-*.parquet shards (format {card.get('format')!r} is not trained with TRL)")
+        held = "no data/ directory" if not (export / "data").is_dir() else "no train-*.parquet shard in data/"
+        raise TrainError(f"{export}: {held}; the export's data is missing (moved or deleted): export it again")
     return card, files
 
 
 def settings_for(card: dict[str, Any], objective: str | None) -> TrainerSettings:
     settings = trainer_settings(card)
     if settings is None:
-        raise TrainError(f"format {card.get('format')!r} is not trained with TRL (trl-sft, tokenized, trl-dpo, trl-kto are)")
+        raise TrainError(f"format {card.get('format')!r} is not trained with TRL ({', '.join(TRL_FORMATS)} are)")
     if objective is not None and objective != settings.objective:
         raise TrainError(f"--objective {objective} does not fit a {card['format']} export (it trains {settings.objective})")
     return settings
@@ -148,13 +153,14 @@ def build_trainer(export: Path, base: str, output: Path, cfg: TrainConfig, *, mo
     card, files = read_export(export)
     settings = settings_for(card, cfg.objective)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    template = _chat_template(cfg)  # a bad template is refused before the base is loaded
     if model is None or tokenizer is None:
         try:
             model, tokenizer = load_model(base, device=device, train=True)
         except (ValueError, OSError) as exc:
             raise TrainError(f"base {base}: {str(exc).splitlines()[0]}") from None
-    if cfg.chat_template is not None:
-        tokenizer.chat_template = resolve_chat_template(cfg.chat_template)
+    if template is not None:
+        tokenizer.chat_template = template
     if settings.kwargs.get("assistant_only_loss"):
         _check_markers(tokenizer)
     data = datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train",
@@ -184,6 +190,13 @@ def build_trainer(export: Path, base: str, output: Path, cfg: TrainConfig, *, mo
     return Run(trainer, card, settings, files, device)
 
 
+def _chat_template(cfg: TrainConfig) -> str | None:
+    try:
+        return resolve_chat_template(cfg.chat_template)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+
+
 def _check_markers(tokenizer: Any) -> None:
     """assistant_only_loss needs `{% generation %}` markers, or a training template TRL has for the family."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
@@ -209,12 +222,20 @@ def train(export: str | Path, base: str, output: str | Path, cfg: TrainConfig, *
         raise TrainError(f"base {base}: no such file or directory")
     card, _ = read_export(export)
     settings_for(card, cfg.objective)
+    _chat_template(cfg)
+    try:
+        check_output_dir(output, CARD, "a trajforge train output")
+    except ForeignDirError as exc:
+        raise TrainError(str(exc)) from None
     base_digest = file_digest(base_path)
     key = run_key(card, base_digest, cfg)
     if (done := finished(output, key)) is not None:
         log(f"already trained with the same export, base and settings: {output}")
         return done
     output.mkdir(parents=True, exist_ok=True)
+    if not (output / CARD).is_file():  # the mark that this directory is ours: a killed run resumes in it
+        (output / CARD).write_text(json.dumps({"status": "training", "output": str(output.resolve())}) + "\n",
+                                   encoding="utf-8")
     started = time.time()
     run = build_trainer(export, base, output, cfg)
     trainer, settings = run.trainer, run.settings

@@ -1,7 +1,10 @@
 """The export's README.md: a Hugging Face dataset card with statistics and plots.
 
 YAML front matter declares one `default` config whose `train` split is `data/train-*`, so
-`datasets.load_dataset(OUT)` finds the shards. Record counts, the source mix, steps per
+`datasets.load_dataset(OUT)` finds the shards. The card's load line (`load_line`) names the shards
+instead: datasets 5.2 caches a folder with such front matter by its name alone, so a second export
+in a folder of the same name would load the first one's rows. It is a Hub-style folder (what
+`push_to_hub` uploads), not `save_to_disk`'s Arrow: `load_from_disk` cannot read it. Record counts, the source mix, steps per
 trajectory, rewards, step labels and provenance are counted by the streaming export itself over
 the trajectories behind the exported rows (both sides of a pair), and token and message
 statistics over the rows as they are written (`lengths`: approximate tokens, characters / 4;
@@ -66,6 +69,20 @@ def front_matter(fmt_name: str) -> dict[str, Any]:
         "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*"}]}],
         "tags": ["trajforge", "agent-trajectories", fmt_name],
     }
+
+
+def load_line(out: Path, file_type: str) -> str:
+    """The Python line that loads the export in `out` (its shards by absolute path) with `datasets`."""
+    shards = str(out.resolve() / "data" / f"train-*.{file_type}")
+    builder = "json" if file_type == "jsonl" else file_type
+    return f"from datasets import load_dataset; ds = load_dataset({builder!r}, data_files={shards!r}, split='train')"
+
+
+def loading_section(line: str) -> list[str]:
+    return ["## Loading", "", "```python", line, "```", "",
+            "A folder of shards as `push_to_hub` uploads it, not `save_to_disk`'s Arrow files: `load_from_disk` "
+            "cannot read it. The line names the shards: `load_dataset(folder)` reads them too, but datasets caches "
+            "such a folder by its name, so another export in a folder of the same name would load these rows.", ""]
 
 
 def card_data(fmt: "Format", cfg: "ExportConfig", report: "ExportReport", files: list[Path],
@@ -185,9 +202,11 @@ def render_card(data: dict[str, Any], drawn: list[tuple[str, str]]) -> str:
         parts.append(f"Layout: **{data['sft_layout']}**.\n")
     rows_total = c["rows"]
     reasons = data["distributions"].get("filter_reasons", {})
+    parts += ["Made by `trajforge export`. Rendering rules (roles, tool calls, masks, pairs, labels): "
+              "see `docs/export.md` in the trajforge repository.", ""]
+    if data.get("load"):
+        parts += loading_section(data["load"])
     parts += [
-        "Made by `trajforge export`. Rendering rules (roles, tool calls, masks, pairs, labels): "
-        "see `docs/export.md` in the trajforge repository.", "",
         "## Counts", "",
         _table(["", "count"], [
             ["input records", c["records_in"]],
@@ -357,6 +376,7 @@ def write_card(out: Path, fmt: "Format", cfg: "ExportConfig", report: "ExportRep
     card.json lists every file the export wrote (shards, `extra_files`, the card): `--overwrite` removes
     those and nothing else."""
     data = card_data(fmt, cfg, report, files, source)
+    data["load"] = load_line(out, fmt.file_type)
     drawn = draw_plots(out, data)
     data["files"] = sorted({*(f.relative_to(out).as_posix() for f in files), *(extra_files or []),
                             *(path for _, path in drawn), CARD_DATA, README})
@@ -374,4 +394,10 @@ def regenerate_card(out: str | Path) -> Path:
         raise CardError(f"{out}: no {CARD_DATA}; is this a trajforge export directory?") from None
     except ValueError as exc:
         raise CardError(f"{out / CARD_DATA}: not valid JSON ({exc})") from None
+    if "load" not in data:  # a card written before the line was
+        from converters.export.formats import FORMATS
+
+        fmt = FORMATS.get(data.get("format"))
+        if fmt is not None:
+            data["load"] = load_line(out, fmt.file_type)
     return render_all(out, data)

@@ -34,6 +34,10 @@ RL_FIELDS = [
 ]
 
 
+# The formats TRL trains (`trajforge train` takes these); the others are for other trainers or tools.
+TRL_FORMATS = ("trl-sft", "tokenized", "trl-dpo", "trl-kto")
+
+
 def kto_weights(labels: dict[str, int]) -> tuple[float, float]:
     """(desirable_weight, undesirable_weight) that put TRL's balance ratio
     desirable_weight * n_desirable / (undesirable_weight * n_undesirable) at 1 (TRL wants [1, 4/3])."""

@@ -18,6 +18,7 @@ from flows.cli import app
 from schemas.models import (ApiAction, CodeAction, ImageObservation, ImageRef, JsonObservation, MessageAction,
                             TextObservation, Trajectory, WebObservation)
 from schemas.store import Dataset
+from tests.cli_errors import one_error_line
 from tests.conftest import REPO
 from tests.factories import SEARCH_TOOL, tool_trajectory
 
@@ -166,3 +167,30 @@ def test_sources_and_export_help_list_atif() -> None:
     assert sources.exit_code == 0 and "atif" in sources.output and "harbor ATIF" in sources.output
     helped = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "200"})
     assert helped.exit_code == 0 and "atif" in helped.output
+
+
+def test_a_line_with_a_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
+    valid = FILES[2].read_text().splitlines()[:2]
+    source = tmp_path / "bom.jsonl"
+    source.write_bytes("\ufeff".encode() + "\n".join(valid).encode() + b"\n")  # as Windows tools write it
+    out = _in_process("convert", "--source", "atif", "--input", str(source), "--output", str(tmp_path / "ds"))
+    assert "in 2 = out 2 + quarantined 0" in out
+    assert {t.provenance.source_id for t in Dataset.open(tmp_path / "ds").iter_records()} == {"min-1", "min-2"}
+
+
+def test_convert_fails_when_every_record_was_quarantined(tmp_path: Path, adp_dir: Path) -> None:
+    adp = adp_dir / "agenttuning_os" / "sample_std.json"
+    n = len(json.loads(adp.read_text()))
+    result = CliRunner().invoke(app, ["convert", "--source", "atif", "--input", str(adp), "--output",
+                                      str(tmp_path / "ds")], env={"COLUMNS": "200"})
+    one_error_line(result, f"all {n} records were quarantined", str(tmp_path / "ds" / "quarantine"))
+
+
+def test_export_as_atif_says_how_to_read_it_not_to_train_it(tmp_path: Path) -> None:
+    ds = Dataset.create(tmp_path / "in", stage="test")
+    with ds.unit("u") as u:
+        u.write_many("trajectories", [tool_trajectory()])
+    ds.mark_complete({})
+    out = _in_process("export", str(tmp_path / "in"), "--format", "atif", "--output", str(tmp_path / "atif"))
+    assert "train with" not in out and "not a training format" in out
+    assert "trajforge convert --source atif --input" in out

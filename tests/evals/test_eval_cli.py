@@ -22,6 +22,7 @@ from evals.run import EvalConfig, eval_config, with_split
 from flows.cli import app
 from schemas.models import MessageAction, Provenance, TextObservation, Trajectory
 from schemas.store import Dataset
+from tests.cli_errors import one_error_line
 
 DONE = "Done. Anything else?"
 
@@ -139,6 +140,40 @@ def test_compare_pairs_tasks_and_bounds_the_difference(evals, tmp_path):
     assert "+16.7 points" in result.output
     missing = CliRunner().invoke(app, ["eval", "compare", str(evals["a"]), str(tmp_path)])
     assert missing.exit_code == 1 and "not an eval output" in missing.output
+
+
+def test_compare_refuses_an_output_it_did_not_write_and_rewrites_its_own(evals, tmp_path):
+    args = ["eval", "compare", str(evals["a"]), str(evals["b"]), "--output"]
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    one_error_line(CliRunner().invoke(app, [*args, str(file)]), "notes.txt: exists and is not a directory")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "compare.md").write_text("my notes")
+    one_error_line(CliRunner().invoke(app, [*args, str(folder)]), "not empty (compare.md)", "no compare.json")
+    assert file.read_text() == "mine" and (folder / "compare.md").read_text() == "my notes"
+    assert [p.name for p in folder.iterdir()] == ["compare.md"]
+    own = tmp_path / "cmp"
+    for _ in range(2):  # a directory compare wrote is its own: written again
+        result = CliRunner().invoke(app, [*args, str(own)])
+        assert result.exit_code == 0, result.output
+    assert (own / "compare.json").is_file()
+
+
+def test_eval_refuses_a_split_the_tasks_do_not_have_naming_those_they_have(tmp_path):
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({"env": "retail", "tasks": {"n": 2}, "llm": {"backend": "fake"}}))
+    result = CliRunner().invoke(app, ["eval", "-c", str(config), "-o", str(tmp_path / "out"), "--split", "nosuch"])
+    one_error_line(result, "no split 'nosuch'", "it has no splits")
+    assert not (tmp_path / "out").exists()
+    tasks = [{"id": str(i), "user_scenario": {"instructions": {"domain": "retail", "reason_for_call": f"task {i}"}},
+              "evaluation_criteria": {"actions": [], "reward_basis": ["DB"]}} for i in range(2)]
+    (tmp_path / "tasks.json").write_text(json.dumps(tasks))
+    (tmp_path / "split_tasks.json").write_text(json.dumps({"train": ["0"], "test": ["1"]}))
+    config.write_text(yaml.safe_dump({"env": "retail", "llm": {"backend": "fake"},
+                                      "tasks": {"source": "tau2", "path": str(tmp_path / "tasks.json")}}))
+    result = CliRunner().invoke(app, ["eval", "-c", str(config), "-o", str(tmp_path / "out"), "--split", "nosuch"])
+    one_error_line(result, "no split 'nosuch'", "test, train")
 
 
 def test_episodes_spoiled_by_the_simulated_user_are_counted_apart(tmp_path):

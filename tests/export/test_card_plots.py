@@ -111,3 +111,20 @@ def test_trajforge_card_refuses_a_folder_without_card_data(tmp_path):
     result = CliRunner().invoke(app, ["card", str(tmp_path)])
     assert result.exit_code == 1
     assert "no card.json" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("fmt", ["trl-sft", "trl-dpo", "trl-kto", "tokenized", "openai", "sharegpt", "atif"])
+def test_the_cards_load_line_loads_the_export(fmt, hand_dataset, tmp_path, tmp_path_factory):
+    from tests.export import _tiny
+
+    out = tmp_path / "export"
+    extra = ["--tokenizer", str(_tiny.shared_model_dir(tmp_path_factory)), "--skip-unfit-rows"] \
+        if fmt == "tokenized" else []
+    result = CliRunner().invoke(app, ["export", str(hand_dataset), "--format", fmt, "-o", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    card = json.loads((out / "card.json").read_text())
+    line = card["load"]
+    assert line in (out / "README.md").read_text() and "load_from_disk" in (out / "README.md").read_text()
+    scope: dict = {}
+    exec(line, scope)  # the line as the card prints it
+    assert len(scope["ds"]) == card["counts"]["rows"] > 0, (scope["ds"].cache_files, line)

@@ -212,7 +212,8 @@ def test_cli_export_summary_and_one_line_errors(hand_dataset, tmp_path):
                                  "--shard-rows", "2", "--seed", "3"], env={"COLUMNS": "1000"})
     assert result.exit_code == 0, result.output
     assert "records in" in result.output and "no success label" in result.output
-    assert "README.md (section Training)" in " ".join(result.output.split())
+    assert f"train: trajforge train {tmp_path / 'k'} --base MODEL" in result.output
+    assert "README.md, section Training)" in result.output
     assert len(list((tmp_path / "k" / "data").glob("train-*.parquet"))) == 5  # 10 rows
     for args, message in [
         ([str(tmp_path / "nope"), "--format", "trl-sft"], "no such dataset directory"),

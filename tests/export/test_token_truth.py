@@ -124,6 +124,9 @@ def test_rl_rows_mask_exactly_the_model_tokens_of_multi_turn_rollouts(generated,
     readme = (tmp_path / "rl" / "README.md").read_text()
     assert card["format"] == "rl" and "`completion_mask` | `completion_mask` | `loss_masks`" in readme
     assert "`response_ids`" in readme and "`rollout_logprobs`" in readme
+    scope: dict = {}
+    exec(card["load"], scope)  # the card's load line (tests/export/test_card_plots.py: every other format)
+    assert card["load"] in readme and len(scope["ds"]) == len(rows)
 
 
 def test_tokenized_takes_the_recorded_ids_or_the_render_and_counts_where_they_differ(generated_tiny, tokenizer,

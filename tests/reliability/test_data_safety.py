@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from schemas.store import MANIFEST, Dataset
+from tests.cli_errors import one_error_line as _one_error_line
 from tests.conftest import REPO
 from tests.filters.conftest import make_dataset, records
 
@@ -31,17 +32,6 @@ ADP_SAMPLE = REPO / "samples" / "adp" / "agenttuning_os" / "sample_std.json"
 
 def _cli(*args: str) -> Any:
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def _one_error_line(result: Any, *needles: str) -> str:
-    """Exit 1 with exactly one `error:` line (no traceback) that contains every needle."""
-    assert result.exit_code == 1, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output, result.output
-    (line,) = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
-    for needle in needles:
-        assert needle in line, (needle, line)
-    return line
 
 
 def _snapshot(path: Path) -> dict[str, str]:

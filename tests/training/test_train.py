@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from converters.export import ExportConfig, export
 from flows.cli import app
 from generators.runner import generate, load_config
+from tests.cli_errors import one_error_line
 from tests.export import _tiny
 from training.trainer import TrainConfig, TrainError, build_trainer
 
@@ -101,3 +102,44 @@ def test_preference_exports_train_with_their_objective_and_a_reference_copy(fmt,
         assert set(card["trl"]["card_settings"]) == {"max_length", "desirable_weight", "undesirable_weight"}
         assert settings["format"] == "trl-kto"
     assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_train_refuses_a_non_empty_directory_it_did_not_write_and_resumes_its_own(data, tmp_path):
+    base = ["--base", str(data["base"]), "--max-steps", "1", "--batch-size", "2"]
+    card_before = (data["export"] / "README.md").read_text()
+    into_export = CliRunner().invoke(app, ["train", str(data["export"]), "-o", str(data["export"]), *base])
+    one_error_line(into_export, "not empty", "no train.json")
+    assert (data["export"] / "README.md").read_text() == card_before and not (data["export"] / "config.json").exists()
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "README.md").write_text("my notes")
+    refused = CliRunner().invoke(app, ["train", str(data["export"]), "-o", str(user), *base])
+    one_error_line(refused, "not empty (README.md)")
+    assert [p.name for p in user.iterdir()] == ["README.md"] and (user / "README.md").read_text() == "my notes"
+    # Its own directory: a run killed after its checkpoint (no saved model yet) resumes there.
+    out = tmp_path / "model"
+    assert CliRunner().invoke(app, ["train", str(data["export"]), "-o", str(out), *base]).exit_code == 0
+    for name in ("config.json", "model.safetensors"):
+        (out / name).unlink()
+    resumed = CliRunner().invoke(app, ["train", str(data["export"]), "-o", str(out), *base])
+    assert resumed.exit_code == 0 and "resuming from" in resumed.output, resumed.output
+    assert (out / "config.json").is_file()
+
+
+def test_train_checks_the_chat_template_and_the_exports_data_before_loading_the_base(data, tmp_path, monkeypatch):
+    import shutil
+
+    import training.trainer as trainer
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the base was loaded before the bad input was refused")
+
+    monkeypatch.setattr(trainer, "load_model", no_loading)
+    bad = CliRunner().invoke(app, ["train", str(data["export"]), "--base", str(data["base"]), "-o",
+                                   str(tmp_path / "a"), "--chat-template", str(tmp_path / "nonexistent.jinja")])
+    one_error_line(bad, "nonexistent.jinja: cannot read it")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(data["export"], damaged, ignore=shutil.ignore_patterns("data"))
+    gone = CliRunner().invoke(app, ["train", str(damaged), "--base", str(data["base"]), "-o", str(tmp_path / "b")])
+    line = one_error_line(gone, "no data/ directory", "export it again")
+    assert "not trained with TRL" not in line
