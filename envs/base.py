@@ -43,6 +43,45 @@ class EnvError(RuntimeError):
     """The world itself failed (a server died or hung, a browser crashed): the episode cannot go on."""
 
 
+class UnrunnableTask(EnvError):
+    """A task this environment cannot run (`metadata.unrunnable`, or a set-up it has no means for): its
+    episodes are quarantined with the reason, the other tasks run."""
+
+
+def refuse_unrunnable(task: Task) -> None:
+    """UnrunnableTask for a task its source marked `metadata.unrunnable` (the reason said)."""
+    if task.metadata.get("unrunnable"):
+        raise UnrunnableTask(f"task {task.id} cannot run: {task.metadata['unrunnable']}")
+
+
+GIVEN = {"given": "message_history"}
+
+
+def history_steps(messages: Sequence[dict[str, Any]]) -> list[Step]:
+    """A task's conversation so far (`params.message_history`: {role, content, tool_calls?, tool_call_id?})
+    as context steps (`train=False`: nobody's turn to learn from; `extra.given`: the world replays their calls
+    at reset, a replay of the record skips them). The user's own tool calls and their
+    results happen on the user's side: the world replays them, the agent never saw them."""
+    steps: list[Step] = []
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if role == "user":
+            if content:
+                steps.append(TextObservation(content=content, source="user", train=False, extra=dict(GIVEN)))
+        elif role == "assistant":
+            calls = message.get("tool_calls") or []
+            for n, call in enumerate(calls):
+                steps.append(ApiAction(function=call["name"], arguments=call.get("arguments") or {}, train=False,
+                                       tool_call_id=call.get("id") or None, extra=dict(GIVEN),
+                                       thought=(content or None) if n == 0 else None))
+            if content and not calls:
+                steps.append(MessageAction(content=content, train=False, extra=dict(GIVEN)))
+        elif message.get("requestor", "assistant") == "assistant":
+            steps.append(TextObservation(content=content, source="environment", train=False, extra=dict(GIVEN),
+                                         tool_call_id=message.get("tool_call_id") or None))
+    return steps
+
+
 class Task(BaseModel):
     """One episode's specification: what the user wants and how success is judged.
 
@@ -229,6 +268,7 @@ class Environment(ABC):
         By default a task's reference tool calls (`goal["actions"]`, as `{function|name, arguments}`),
         then a message telling the user what they must hear (`goal["communicate_info"]` or `outputs`).
         """
+        refuse_unrunnable(task)
         refs = task.goal.get("actions")
         if not isinstance(refs, list):
             return None
@@ -261,7 +301,7 @@ class Environment(ABC):
             raise RuntimeError("no episode: call reset(task) first")
         return self._episode.key
 
-    async def reset(self, task: Task) -> list[Observation]:
+    async def reset(self, task: Task) -> list[Step]:
         """Start a fresh episode of `task`; returns its opening steps.
 
         An episode always opens with the user's request (the user's own first message, or the
@@ -269,10 +309,19 @@ class Environment(ABC):
         """
         if task.env != self.name:
             raise ValueError(f"task {task.id} is for {task.env!r}, not {self.name!r}")
+        refuse_unrunnable(task)
         self._episode = _Episode(task, f"{task.id}/{uuid.uuid4().hex[:12]}", [])
         page = await self._reset(task)
-        request = await self.user.opening(task) if self.user is not None else task.instruction
-        opening: list[Observation] = [TextObservation(content=request, source="user")]
+        # A task may start mid-conversation (tau2's message_history): the user speaks next unless it spoke last.
+        opening: list[Step] = history_steps(task.params.get("message_history") or [])
+        if not opening or not (opening[-1].kind == "text" and opening[-1].source == "user"):
+            if self.user is None:
+                request = task.instruction
+            elif opening:
+                request = (await self.user.reply(task, opening)).text
+            else:
+                request = await self.user.opening(task)
+            opening.append(TextObservation(content=request, source="user"))
         if page is not None:
             opening.append(cut_observation(page, self.max_observation_chars))
         self._episode.history.extend(opening)
@@ -403,7 +452,7 @@ def transitions(steps: Sequence[Step]) -> list[tuple[Action, Observation | None]
     """
     out: list[tuple[Action, Observation | None]] = []
     for i, step in enumerate(steps):
-        if step.kind not in ACTION_KINDS or is_revision(step) or undone(step):
+        if step.kind not in ACTION_KINDS or is_revision(step) or undone(step) or step.extra.get("given"):
             continue
         nxt = steps[i + 1] if i + 1 < len(steps) and steps[i + 1].kind not in ACTION_KINDS else None
         out.append((step, nxt))  # type: ignore[arg-type]

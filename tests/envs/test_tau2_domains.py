@@ -1,0 +1,121 @@
+"""tau2's whole task schema, from tau2-bench's own unedited task files (tests/envs/tau2_mock/PROVENANCE.md):
+initial_state (initialization_data, initialization_actions on either side, message_history), tickets, string and
+structured scenarios, env_assertions, dual control's user tools; a task that cannot run is quarantined alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from typer.testing import CliRunner
+
+from envs.tasks import TaskSourceConfig, load_tasks
+from flows.cli import app
+from schemas.store import Dataset
+
+HERE = Path(__file__).parent
+MOCK = HERE / "tau2_mock" / "tasks.json"
+TELECOM = HERE / "tau2_mock" / "telecom_tasks_small_first.json"
+SERVER = HERE / "tau2_mock_server.py"
+
+
+def mock_env_config() -> dict[str, Any]:
+    """The mock domain's server: agent tools, `user_`-prefixed user tools, an initialization tool, a digest."""
+    return {"server": {"command": [sys.executable, str(SERVER)]},
+            "hidden_arguments": {"state_key": "trajforge/{episode}"},
+            "exclude": ["assert_number_of_tasks", "assert_task_status"],
+            "user_tool_prefix": "user_", "initialization_tool": "initialize", "state_digest": {"name": "digest"},
+            "read_only_tools": ["get_users", "transfer_to_human_agents"], "terminal_tools": ["transfer_to_human_agents"]}
+
+
+def write_config(tmp_path: Path, tasks: Path, **extra: Any) -> Path:
+    path = tmp_path / "mock.yaml"
+    path.write_text(yaml.safe_dump({"env": "mcp", "env_config": mock_env_config(), "user": {"kind": "none"},
+                                    "tasks": {"source": "tau2", "path": str(tasks)}, **extra}))
+    return path
+
+
+def by_id(tasks: list[Any]) -> dict[str, Any]:
+    return {t.metadata["upstream_id"]: t for t in tasks}
+
+
+def test_every_task_of_the_unedited_mock_domain_loads_with_its_initial_state() -> None:
+    tasks = by_id(load_tasks(TaskSourceConfig(source="tau2", path=str(MOCK)), "mcp"))
+    assert len(tasks) == 10 and not any(t.metadata.get("unrunnable") for t in tasks.values())
+    history = tasks["update_task_with_message_history"]
+    conversation = history.params["message_history"]
+    assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
+    assert conversation[1]["tool_calls"][0]["name"] == "create_task"
+    # The world replays the history's tool calls before the episode starts.
+    assert history.params["initial_actions"] == [{"name": "create_task", "arguments": {
+        "user_id": "user_1", "title": "Project Review", "description": "Review Q4 project status"}}]
+    data = tasks["update_task_with_initialization_data"].params["initialization_data"]
+    assert data["agent_data"]["tasks"]["task_2"]["title"] == "Project Review"
+    user_side = tasks["update_task_with_user_tools"]
+    assert user_side.params["initial_actions"][0]["side"] == "user"
+    assert user_side.goal["env_assertions"][0] == {"name": "assert_notification_status", "side": "user",
+                                                   "arguments": {"notification_id": "notif_1", "expected_status": "read"},
+                                                   "assert_value": True, "message": None}
+    first = tasks["create_task_1"]  # a string scenario, and the ticket kept
+    assert first.metadata["user_scenario"]["instructions"].startswith("You are a team member")
+    assert first.metadata["ticket"].startswith("User needs to create a task")
+
+
+def test_telecom_dual_control_task_loads_with_user_side_calls() -> None:
+    (task,) = load_tasks(TaskSourceConfig(source="tau2", path=str(TELECOM)), "mcp")
+    assert task.id.startswith("tau2-telecom-[mobile_data_issue]")
+    sides = [(a["name"], a.get("side", "assistant")) for a in task.params["initial_actions"]]
+    assert sides == [("set_user_info", "user"), ("set_user_location", "user"), ("turn_roaming_off", "user"),
+                     ("enable_roaming", "assistant")]
+    assert task.goal["actions"] == [{"name": "toggle_roaming", "arguments": {}, "requestor": "user"}]
+    assert {a["side"] for a in task.goal["env_assertions"]} == {"user"} and task.goal["reward_basis"] == ["ENV_ASSERTION"]
+
+
+def test_envs_check_runs_the_unedited_mock_domain_with_its_initial_states(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["envs", "check", "--config", str(write_config(tmp_path, MOCK)), "--json"])
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    assert report["env_errors"] == {}, result.output
+    failed = report["reference"]["failed"]
+    # Passing references: the history's create_task replayed (task_2 exists to complete), initialization_data
+    # applied, agent-side initialization actions, env assertions checked on the server.
+    assert {"tau2-update_task_with_message_history", "tau2-update_task_with_initialization_data",
+            "tau2-update_task_with_initialization_actions", "tau2-create_task_1_with_env_assertions"}.isdisjoint(failed)
+    # The two the gold calls cannot solve fail on the assertions that were really run: tau2 lists no agent action
+    # for one, and the other needs the user to dismiss the notification (user_assert_notification_status saw it unread).
+    assert failed == {
+        "tau2-update_task_with_history_and_env_assertions": "failed ENV_ASSERTION: assert_task_status gave False, not True",
+        "tau2-update_task_with_user_tools": "failed ENV_ASSERTION: user_assert_notification_status gave False, not True"}
+    assert result.exit_code == 1 and report["reference"]["passed"] == 8
+
+
+def test_a_task_that_cannot_run_is_quarantined_with_its_reason_and_the_others_run(tmp_path: Path) -> None:
+    raw = json.loads(MOCK.read_text())
+    raw[0]["initial_state"] = {"initialization_actions": [{"env_type": "robot", "func_name": "x", "arguments": {}}]}
+    raw.append(raw[3])  # a duplicate id
+    raw.append("not a task")
+    tasks_file = tmp_path / "tasks.json"
+    tasks_file.write_text(json.dumps(raw))
+    config = write_config(tmp_path, tasks_file, method="demonstrations")
+    # A server without user tools cannot run the user-side set-up: that task alone is quarantined.
+    data = yaml.safe_load(config.read_text())
+    del data["env_config"]["user_tool_prefix"]
+    config.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["generate", "--method", "demonstrations", "--config", str(config),
+                                      "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    ds = Dataset.open(tmp_path / "out")
+    quarantined = {json.loads(q.raw)["task"]: q.error for q in ds.iter_records("quarantine")}
+    assert set(quarantined) == {"tau2-create_task_1", "tau2-update_task_1#10", "tau2-#11",
+                                "tau2-update_task_with_user_tools"}
+    assert "initialization action 'x' runs on the 'robot' side" in quarantined["tau2-create_task_1"]
+    assert "duplicate task id 'tau2-update_task_1'" in quarantined["tau2-update_task_1#10"]
+    assert "a tau2 task is an object" in quarantined["tau2-#11"]
+    assert "calls the user's tool 'add_notification'" in quarantined["tau2-update_task_with_user_tools"]
+    recorded = {t.provenance.source_id: t for t in ds.iter_records("trajectories")}
+    assert len(recorded) == 8  # 12 tasks, 4 quarantined
+    history = recorded["tau2-update_task_with_message_history"]
+    given = [s for s in history.steps if s.extra.get("given")]
+    assert len(given) == 4 and not any(s.train for s in given) and history.success
