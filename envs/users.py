@@ -3,6 +3,7 @@
     user: {kind: auto}                      # the environment's default user
     user: {kind: llm, llm: {...}}           # an LLM persona (the method's model unless `llm` is given)
     user: {kind: rules}                     # the environment's rule-based user (retail)
+    user: {kind: scenario}                  # a deterministic user speaking from the task's scenario (envs/scenario_user.py)
     user: {kind: none}                      # no user: the agent's message is its final answer
 
 The persona plays the person a task describes: `metadata["user_scenario"]` in tau2-bench's layout
@@ -30,7 +31,7 @@ from backends.config import LLMConfig
 from envs.base import USER_STOP, Task, UserReply, UserSimulator
 from schemas.models import Step
 
-UserKind = Literal["auto", "llm", "rules", "none"]
+UserKind = Literal["auto", "llm", "rules", "scenario", "none"]
 # The user kinds whose turns a model writes (the persona, the simulator's user): the ones fidelity checks.
 MODEL_USERS = frozenset({"llm persona", "simulated"})
 

@@ -5,6 +5,7 @@ structured scenarios, env_assertions, dual control's user tools; a task that can
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ def test_envs_check_runs_the_unedited_mock_domain_with_its_initial_states(tmp_pa
 def test_a_task_that_cannot_run_is_quarantined_with_its_reason_and_the_others_run(tmp_path: Path) -> None:
     raw = json.loads(MOCK.read_text())
     raw[0]["initial_state"] = {"initialization_actions": [{"env_type": "robot", "func_name": "x", "arguments": {}}]}
+    raw[3]["evaluation_criteria"]["reward_basis"] = ["DB", "NL_ASSERTION"]  # graded by nobody: no judge
     raw.append(raw[3])  # a duplicate id
     raw.append("not a task")
     tasks_file = tmp_path / "tasks.json"
@@ -104,8 +106,9 @@ def test_a_task_that_cannot_run_is_quarantined_with_its_reason_and_the_others_ru
     del data["env_config"]["user_tool_prefix"]
     config.write_text(yaml.safe_dump(data))
     result = CliRunner().invoke(app, ["generate", "--method", "demonstrations", "--config", str(config),
-                                      "--output", str(tmp_path / "out")])
+                                      "--output", str(tmp_path / "out")], terminal_width=200)
     assert result.exit_code == 0, result.output
+    assert re.search(r"scored without NL_ASSERTION \(no judge\)\s*│\s*1 episodes", result.output)
     ds = Dataset.open(tmp_path / "out")
     quarantined = {json.loads(q.raw)["task"]: q.error for q in ds.iter_records("quarantine")}
     assert set(quarantined) == {"tau2-create_task_1", "tau2-update_task_1#10", "tau2-#11",
@@ -119,3 +122,57 @@ def test_a_task_that_cannot_run_is_quarantined_with_its_reason_and_the_others_ru
     history = recorded["tau2-update_task_with_message_history"]
     given = [s for s in history.steps if s.extra.get("given")]
     assert len(given) == 4 and not any(s.train for s in given) and history.success
+
+
+def _eval_config(tmp_path: Path, base_url: str, user: dict[str, Any]) -> Path:
+    raw = json.loads(MOCK.read_text())
+    raw[3]["evaluation_criteria"]["reward_basis"] = ["DB", "NL_ASSERTION"]  # update_task_1: an NL assertion, no judge
+    tasks_file = tmp_path / "tasks.json"
+    tasks_file.write_text(json.dumps([raw[3], raw[0]]))
+    path = write_config(tmp_path, tasks_file, method="rollout", user=user, max_steps=4,
+                        llm={"backend": "openai", "base_url": base_url, "model": "fake-agent", "api_key_env": None,
+                             "max_retries": 0, "request_timeout_s": 10})
+    return path
+
+
+def _agent_or_user(body: dict[str, Any]) -> Any:
+    """The agent (it has tools) says it is done; the persona (no tools) answers as the agent would: a role flip."""
+    if body.get("tools"):
+        return "Your task is handled. Is there anything else?"
+    return "Hello! How can I help you today?"
+
+
+def test_eval_with_a_user_that_breaks_exits_0_and_counts_the_unscorable_episodes_by_reason(tmp_path: Path) -> None:
+    from backends.fake_server import FakeServer, Rule
+
+    with FakeServer(rules=[Rule(fn=_agent_or_user)]) as server:
+        config = _eval_config(tmp_path, server.base_url, {"kind": "llm", "max_turns": 2, "fidelity": {"on_broken": "mark"}})
+        result = CliRunner().invoke(app, ["eval", "--config", str(config), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert report["scored"] == 0 and report["episodes"] == 2 and report["pass@1"] is None
+    assert report["unscorable_by_user"] == {"episodes": 2, "by_reason": {"role_flip": 2}, "kept_marked": 2,
+                                            "quarantined": 0}
+    assert "2 of 2 episode(s) unscorable: the simulated user broke them (role_flip: 2)" in result.output
+    assert f"trajforge view {tmp_path / 'out'}" in result.output.replace("\n", "")
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "| unscorable: the simulated user broke them (left out) | 2 (role_flip: 2; 2 kept, marked" in readme
+
+
+def test_eval_with_the_scenario_user_scores_every_episode_and_counts_nl_assertions_without_a_judge(tmp_path: Path) -> None:
+    from backends.fake_server import FakeServer, Rule
+
+    with FakeServer(rules=[Rule(fn=_agent_or_user)]) as server:
+        config = _eval_config(tmp_path, server.base_url, {"kind": "scenario"})
+        result = CliRunner().invoke(app, ["eval", "--config", str(config), "--output", str(tmp_path / "out")])
+        persona_calls = [e for e in server.log if not e["body"].get("tools")]
+    assert result.exit_code == 0, result.output
+    assert not persona_calls  # no model plays the scenario user
+    report = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert report["scored"] == 2 and report["unscorable_by_user"]["episodes"] == 0
+    assert report["scored_without"] == {"NL_ASSERTION": 1}
+    assert "1 task(s) scored without NL_ASSERTION (no judge" in result.output
+    (episode,) = [t for t in Dataset.open(tmp_path / "out").iter_records("trajectories")
+                  if t.provenance.source_id == "tau2-update_task_1"]
+    user_turns = [s.content for s in episode.steps if s.kind == "text" and s.source == "user"]
+    assert user_turns[0].startswith("I have completed the task") and user_turns[-1].endswith("###STOP###")
