@@ -84,6 +84,7 @@ def _world(data: dict[str, Any]) -> dict[str, Any]:
 def test_every_method_ships_a_real_environment_config_with_models_of_its_own_for_its_roles() -> None:
     assert set(SHIPPED) == set(all_methods())
     tau2 = _world(_shipped("mcp_tau2_retail.yaml"))
+    assert tau2["env_config"]["judge"] == {}  # tau2's NL assertions are graded by each config's judge role
     for method, name in SHIPPED.items():
         data = _shipped(name)
         config = load_config(data)
@@ -222,6 +223,7 @@ def _references() -> dict[str, list[Any]]:
     data = _shipped("mcp_tau2_retail.yaml")
     spec = EnvSpec(**{k: data[k] for k in WORLD_KEYS}, user={"kind": "none"})
     spec.env_config["sessions"] = 1
+    spec.env_config.pop("judge")  # the judge role is a run's; the references are only replayed here
     spec.tasks.ids = [TASK]
 
     async def solve() -> dict[str, list[Any]]:
