@@ -148,6 +148,13 @@ class Snapshot:
 class UserReply(BaseModel):
     text: str
     stop: bool = False
+    # Calls of the user's own tools (dual control, tau2 telecom): {name, arguments}, made on the world before
+    # the user is asked again; the reply with none is the user's message.
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# A user's tool calls in one turn at most (a user model that loops on its tools ends its turn).
+MAX_USER_TOOL_CALLS = 8
 
 
 class UserSimulator(ABC):
@@ -155,6 +162,8 @@ class UserSimulator(ABC):
     so snapshots, replays and caches need nothing from it."""
 
     kind: ClassVar[str] = "abstract"
+    # The user's own tools in this world (dual control): set by the environment at reset; empty in most worlds.
+    tools: list[Tool] = []
 
     async def opening(self, task: Task) -> str:
         """The user's first message (by default the task's instruction)."""
@@ -336,8 +345,9 @@ class Environment(ABC):
             return StepResult(error_observation("the episode is over"), True, {"error": "the episode is over"})
         ep.actions += 1
         if isinstance(action, MessageAction) and self.user is not None:
-            reply = await self.user.reply(ep.task, [*ep.history, action])
-            result = StepResult(TextObservation(content=reply.text, source="user"), done=reply.stop or USER_STOP in reply.text)
+            reply, made = await self._user_turn(ep.task, [*ep.history, action])
+            observation = TextObservation(content=reply.text, source="user", extra={"user_tool_calls": made} if made else {})
+            result = StepResult(observation, done=reply.stop or USER_STOP in reply.text)
         else:
             result = await self._act(action)
         result.observation = cut_observation(result.observation, self.max_observation_chars)
@@ -347,6 +357,25 @@ class Environment(ABC):
         ep.history += [action, result.observation]
         ep.done = result.done
         return result
+
+    async def _user_turn(self, task: Task, conversation: list[Step]) -> tuple[UserReply, list[dict[str, Any]]]:
+        """The user's answer, after the calls of its own tools it makes first (dual control). The calls, with
+        their results, are recorded on the user's step (`extra.user_tool_calls`): the user's, not the agent's,
+        never shown to the agent."""
+        assert self.user is not None
+        made: list[dict[str, Any]] = []
+        while True:
+            pending = [TextObservation(content="", source="user", train=False, extra={"user_tool_calls": made})]
+            reply = await self.user.reply(task, [*conversation, *(pending if made else [])])
+            if not reply.tool_calls or len(made) >= MAX_USER_TOOL_CALLS:
+                return reply, made
+            for call in reply.tool_calls[:MAX_USER_TOOL_CALLS - len(made)]:
+                name, arguments = str(call.get("name")), dict(call.get("arguments") or {})
+                made.append({"name": name, "arguments": arguments, "result": await self._user_act(name, arguments)})
+
+    async def _user_act(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run one of the user's own tools on the world (worlds with user tools override this)."""
+        return f"Error: there is no user tool {name!r} in this world"
 
     async def inspect(self, action: ApiAction) -> StepResult:
         """A read-only tool call outside the episode's record, also after its end: a verifier reading the

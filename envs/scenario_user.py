@@ -5,6 +5,9 @@ code, an email, an id), answers an explicit confirmation request with an explici
 (`###STOP###`) once the agent reports the outcome or offers more help. tau2 writes its scenarios to the
 user in the second person ("You received your order..."); the user says them in the first person.
 
+Where the world gives the user tools of its own (dual control, tau2 telecom), it makes the task's user-side
+reference actions when the agent asks for them by name, and reports what they gave.
+
 It never breaks character, so nothing is unscorable because of it: the user for evals of small models
 (whose persona turns the fidelity check would mark) and for dialogues built from blueprints
 (generators/blueprint.py). It knows only what the scenario says, and its answers are rules, not
@@ -14,7 +17,7 @@ conversation: an eval with it measures whether the agent serves a cooperative, t
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 from envs.base import USER_STOP, Task, UserReply, UserSimulator
 from schemas.models import Step
@@ -71,9 +74,32 @@ class ScenarioUser(UserSimulator):
         turns = sum(1 for s in conversation if s.kind == "text" and s.source == "user")
         if turns >= self.max_turns:
             return UserReply(text=TURN_CAP, stop=True)
-        said = str(getattr(conversation[-1], "content", "")) if conversation else ""
+        last = conversation[-1] if conversation else None
+        if last is not None and last.kind == "text" and last.extra.get("user_tool_calls"):  # after its own calls
+            return UserReply(text="I did that on my side: " + "; ".join(
+                f"{c['name']} gave {str(c.get('result', ''))[:200]}" for c in last.extra["user_tool_calls"]) + ".")
+        said = str(getattr(last, "content", "")) if last is not None else ""
+        call = self._asked_call(task, conversation, said)
+        if call is not None:
+            return UserReply(text="", tool_calls=[call])
         text = answer(said, *scenario_facts(task))
         return UserReply(text=text, stop=USER_STOP in text)
+
+    def _asked_call(self, task: Task, conversation: Sequence[Step], said: str) -> dict[str, Any] | None:
+        """The next of the task's user-side reference actions (dual control: the user acts on its own device)
+        that the agent's message asks for by name, where the user has that tool."""
+        have = {t.name for t in self.tools}
+        made = [c["name"] for s in conversation if s.kind == "text" for c in s.extra.get("user_tool_calls") or []]
+        lowered = said.lower()
+        for action in task.goal.get("actions") or []:
+            if action.get("requestor") != "user" or action["name"] not in have:
+                continue
+            if action["name"] in made:
+                made.remove(action["name"])
+                continue
+            if action["name"] in said or action["name"].replace("_", " ") in lowered:
+                return {"name": action["name"], "arguments": dict(action.get("arguments") or {})}
+        return None
 
 
 def answer(said: str, reason: str, known: str) -> str:

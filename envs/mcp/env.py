@@ -68,15 +68,20 @@ def agent_tools(config: MCPConfig, listed: Sequence[MCPTool]) -> list[Tool]:
             continue
         if config.user_tool_prefix is not None and tool.name.startswith(config.user_tool_prefix):
             continue  # the user's tool
-        schema = copy.deepcopy(tool.input_schema) if tool.input_schema else {"type": "object", "properties": {}}
-        props = schema.get("properties")
-        if isinstance(props, dict):
-            for key in hidden:
-                props.pop(key, None)
-        if isinstance(schema.get("required"), list):
-            schema["required"] = [r for r in schema["required"] if r not in hidden]
-        out.append(Tool(name=tool.name, description=tool.description, parameters=schema))
+        out.append(visible(tool, hidden))
     return out
+
+
+def visible(tool: MCPTool, hidden: set[str], name: str | None = None) -> Tool:
+    """`tool` as a model sees it: the hidden arguments out of its schema."""
+    schema = copy.deepcopy(tool.input_schema) if tool.input_schema else {"type": "object", "properties": {}}
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        for key in hidden:
+            props.pop(key, None)
+    if isinstance(schema.get("required"), list):
+        schema["required"] = [r for r in schema["required"] if r not in hidden]
+    return Tool(name=name or tool.name, description=tool.description, parameters=schema)
 
 
 def _takes(tool: MCPTool | None, key: str) -> bool:
@@ -227,6 +232,8 @@ class MCPEnv(Environment):
         self.answer = None
         self._staged = self.episode_key
         await self._prepare(self.episode_key, task)
+        if self.user is not None:
+            self.user.tools = self.user_tools()
         return None
 
     async def _prepare(self, episode: str, task: Task, session: ServerSession | None = None) -> None:
@@ -266,6 +273,29 @@ class MCPEnv(Environment):
             raise EnvError(f"{what} {name} of task {task.id} failed: {exc.message}") from None
         if result.is_error:
             raise EnvError(f"{what} {name} of task {task.id} failed: {self._text(result)[:300]}")
+
+    def user_tools(self) -> list[Tool]:
+        """The simulated user's tools (`user_tool_prefix`), under their own names, hidden arguments removed."""
+        prefix = self.config.user_tool_prefix
+        if prefix is None or self._pool is None:
+            return []
+        hidden = set(self.config.hidden_arguments)
+        return [visible(t, hidden, t.name.removeprefix(prefix)) for t in self._pool.tools
+                if t.name.startswith(prefix) and t.name not in self.config.exclude]
+
+    async def _user_act(self, name: str, arguments: dict[str, Any]) -> str:
+        """A user tool call on the episode's world (recorded for the criteria like the agent's, by its own name)."""
+        task = self.task
+        assert task is not None
+        if not any(t.name == name for t in self.user_tools()):
+            return f"Error: you have no tool {name!r}"
+        try:
+            result = await self._call(self.side_tool(name, "user", task), arguments, self.episode_key, task)
+        except (MCPError, ValidationError) as exc:
+            self.calls.append(CallRecord(name, dict(arguments), False, True))
+            return f"Error: {exc.message if isinstance(exc, MCPError) else 'not a valid MCP result'}"
+        self.calls.append(CallRecord(name, dict(arguments), not result.is_error, True))
+        return self._text(result)
 
     async def _act(self, action: Action) -> StepResult:
         if isinstance(action, MessageAction):

@@ -176,3 +176,63 @@ def test_eval_with_the_scenario_user_scores_every_episode_and_counts_nl_assertio
                   if t.provenance.source_id == "tau2-update_task_1"]
     user_turns = [s.content for s in episode.steps if s.kind == "text" and s.source == "user"]
     assert user_turns[0].startswith("I have completed the task") and user_turns[-1].endswith("###STOP###")
+
+
+# ---- dual control: the user's own tools, called by the simulated user, change the world ----
+
+def _dual_control(tmp_path: Path, base_url: str, user: dict[str, Any]) -> Path:
+    """update_task_with_user_tools (tau2's mock domain) with the user's part of the gold added: the user dismisses
+    the notification on its side (tau2's file lists no user-side action for it; its env assertion wants it read)."""
+    (task,) = [t for t in json.loads(MOCK.read_text()) if t["id"] == "update_task_with_user_tools"]
+    task["evaluation_criteria"]["actions"].append({"action_id": "dismiss", "requestor": "user", "name":
+                                                   "dismiss_notification", "arguments": {"notification_id": "notif_1"}})
+    tasks_file = tmp_path / "tasks.json"
+    tasks_file.write_text(json.dumps([task]))
+    config = write_config(tmp_path, tasks_file, method="rollout", user=user, max_steps=6,
+                          llm={"backend": "openai", "base_url": base_url, "model": "fake-agent", "api_key_env": None,
+                               "max_retries": 0, "request_timeout_s": 10})
+    data = yaml.safe_load(config.read_text())
+    data["env_config"]["exclude"] += ["user_add_notification", "user_assert_notification_status"]
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def _dual_agent_and_persona(body: dict[str, Any]) -> Any:
+    from backends.fake_server import ToolCallAnswer
+
+    names = {t["function"]["name"] for t in body.get("tools") or []}
+    said = [m for m in body["messages"] if m["role"] == "assistant"]
+    if "dismiss_notification" in names:  # the persona, with the user's tools
+        assert "update_task_status" not in names and "user_dismiss_notification" not in names
+        if not any(m.get("tool_calls") for m in said):
+            return ToolCallAnswer("dismiss_notification", {"notification_id": "notif_1"})
+        return "Done, I dismissed it on my phone."
+    if names:  # the agent
+        assert "dismiss_notification" not in names and not any(n.startswith("user_") for n in names)
+        plan = [ToolCallAnswer("update_task_status", {"task_id": "task_1", "status": "completed"}),
+                "Please dismiss_notification notif_1 on your side, then tell me.", "All done. Anything else?"]
+        return plan[min(len(said), 2)]
+    return None
+
+
+def test_dual_control_user_tools_are_called_by_the_user_recorded_on_its_steps_and_change_the_world(tmp_path: Path) -> None:
+    from backends.fake_server import FakeServer, Rule
+
+    for kind, user in (("persona", {"kind": "llm", "max_turns": 3, "fidelity": {"check": False}}),
+                       ("scenario", {"kind": "scenario"})):
+        root = tmp_path / kind
+        root.mkdir()
+        with FakeServer(rules=[Rule(fn=_dual_agent_and_persona)]) as server:
+            config = _dual_control(root, server.base_url, user)
+            result = CliRunner().invoke(app, ["generate", "--method", "rollout", "--config", str(config),
+                                              "--output", str(root / "out")])
+        assert result.exit_code == 0, result.output
+        (t,) = Dataset.open(root / "out").iter_records("trajectories")
+        calls = [c for s in t.steps if s.kind == "text" and s.source == "user" for c in s.extra.get("user_tool_calls") or []]
+        assert [(c["name"], c["arguments"]) for c in calls] == [("dismiss_notification", {"notification_id": "notif_1"})]
+        assert calls[0]["result"] == "Notification notif_1 dismissed", kind
+        assert [s.function for s in t.steps if s.kind == "api"] == ["update_task_status"]  # the agent's only
+        verdict = t.details["evaluation"]["details"]
+        # The user's call changed the world: the env assertion on the user's side holds, the DB digest matches.
+        assert verdict["ENV_ASSERTION"]["passed"] and verdict["DB"]["passed"] and verdict["ACTION"]["passed"], kind
+        assert t.success, kind
