@@ -281,7 +281,9 @@ class Environment(ABC):
         refs = task.goal.get("actions")
         if not isinstance(refs, list):
             return None
-        actions: list[Action] = [ApiAction(function=a.get("function") or a["name"], arguments=a.get("arguments") or {})
+        # A user-side action (tau2's requestor: user, dual control) is the user's to make: marked so.
+        actions: list[Action] = [ApiAction(function=a.get("function") or a["name"], arguments=a.get("arguments") or {},
+                                           extra={"requestor": "user"} if a.get("requestor") == "user" else {})
                                  for a in refs]
         info = [str(x) for x in (task.goal.get("communicate_info") or task.goal.get("outputs") or [])]
         told = f" {'; '.join(info)}." if info else ""

@@ -12,8 +12,8 @@ touches private data, and makes each write only after stating it and hearing an 
   explicit yes. Each write is confirmed on its own ("writes without a confirmation").
 
 The write tools are `write_tools`, else the record's tools less the environment's `read_only_tools`
-(`details.env_config`). Steps given as context (tau2's message history, `extra.given`) are checked like the
-others. Demonstrations built from blueprints (generators/blueprint.py) run this check and drop violators.
+(`details.env_config`). Calls given as context (tau2's message history, `extra.given`) are not the agent's
+turns: they break no rule, though a confirmation or lookup among them counts. Demonstrations built from blueprints (generators/blueprint.py) run this check and drop violators.
 """
 
 from __future__ import annotations
@@ -55,12 +55,13 @@ def policy_violations(steps: Sequence[Step], *, writes: Iterable[str], auth_tool
         elif step.kind == "api":
             answer = steps[i + 1] if i + 1 < len(steps) else None
             failed = answer is None or str(getattr(answer, "content", "")).startswith("Error")
+            given = bool(step.extra.get("given"))  # the task's conversation so far: context, not this agent's turn
             if step.function in auth:
                 authenticated = authenticated or not failed
-            elif step.function not in public and not authenticated:
+            elif step.function not in public and not authenticated and not given:
                 out.append((i, UNAUTHENTICATED, f"{step.function} before the user was authenticated"))
             if step.function in writes:
-                if not confirmed:
+                if not confirmed and not given:
                     out.append((i, UNCONFIRMED, f"{step.function} without an explicit yes to a stated action"))
                 asked = confirmed = False
     return out

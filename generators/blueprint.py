@@ -31,7 +31,7 @@ from generators.agent import AgentPolicy, Proposal
 from generators.transcript import strip_reasoning
 from schemas.models import Action, ApiAction, MessageAction, Step, TextObservation
 
-TurnKind = Literal["ask_identity", "confirm", "report", "call"]
+TurnKind = Literal["ask_identity", "confirm", "ask_user_action", "report", "call"]
 TEMPLATE = "template"
 MODEL = "model"
 
@@ -92,6 +92,11 @@ def blueprint(actions: Sequence[Action], *, writes: Iterable[str], auth_tools: I
     asked = False
     done: list[str] = []
     for call in (a for a in actions if isinstance(a, ApiAction)):
+        if call.extra.get("requestor") == "user":  # dual control: the user acts on its side, when asked by name
+            stated = describe_call(call)
+            turns.append(Turn("ask_user_action", call, f"ask the customer to do this on their side, naming it: "
+                                                       f"{stated}", f"Could you please {stated} on your side?"))
+            continue
         if call.function in auth and not asked:
             asked = True
             fields = _identity_fields(call)
@@ -121,6 +126,8 @@ def usable(kind: TurnKind, text: str, told: Sequence[str]) -> bool:
         return "?" in text and FACT_ASK.search(text) is not None and CONFIRM_ASK.search(text) is None
     if kind == "confirm":
         return "?" in text and CONFIRM_ASK.search(text) is not None
+    if kind == "ask_user_action":
+        return False  # the user acts on the action's name: the template names it
     said = text.lower().replace(",", "")
     return all(t.lower().replace(",", "") in said for t in told)
 

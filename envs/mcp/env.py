@@ -305,6 +305,11 @@ class MCPEnv(Environment):
                               info={"answer": action.content})
         if not isinstance(action, ApiAction):
             return unsupported(action)
+        if action.extra.get("requestor") == "user":  # a reference's user-side action, played on the user's tools
+            text = await self._user_act(action.function, action.arguments)
+            return StepResult(TextObservation(content=text, source="user", name=action.function,
+                                              tool_call_id=action.tool_call_id),
+                              info={"error": text} if text.startswith("Error") else {})
         problem = call_problem(self._tools, action.function, action.arguments)
         if problem is not None:
             return refused(action, problem)
