@@ -10,9 +10,15 @@ becomes a trajforge `Task`:
   `tau2-retail-0`, so a re-run and a reader of the data can find the task upstream;
 - `instruction`: the scenario's reason for call (what the user wants), and `metadata.user_scenario`
   the whole scenario, from which the LLM persona (envs/users.py) plays the user;
-- `goal`: the evaluation criteria (reference actions, communicate_info, nl_assertions,
-  reward_basis), checked by envs/criteria.py;
-- `metadata.split`: the split the task belongs to (`train`, `test`, or none).
+- `goal`: the evaluation criteria (reference actions with their requestor, communicate_info,
+  nl_assertions, env_assertions, reward_basis), checked by envs/criteria.py;
+- `params`: tau2's initial_state: `initialization_data`, `initial_actions` (the set-up calls on
+  either side's tools, then the calls of the message history, which the world replays) and
+  `message_history` (the conversation so far, which opens the episode);
+- `metadata.split`: the split the task belongs to (`train`, `test`, or none); `metadata.ticket`.
+
+A task this source cannot read is still a task, marked `metadata.unrunnable` with the reason: its
+episodes are quarantined with it (envs/base.py) and the others run; a file is never refused for one.
 
 Split aware: where the source has splits, the `train` split is used unless `split` names another
 (`all` for every task); test tasks are refused unless `allow_test_split` is set (the

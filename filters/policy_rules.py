@@ -19,7 +19,7 @@ turns: they break no rule, though a confirmation or lookup among them counts. De
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from envs.scenario_user import CONFIRM_ASK
 from filters.base import BaseFilter, Decision, drop, keep, register
