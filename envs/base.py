@@ -43,6 +43,45 @@ class EnvError(RuntimeError):
     """The world itself failed (a server died or hung, a browser crashed): the episode cannot go on."""
 
 
+class UnrunnableTask(EnvError):
+    """A task this environment cannot run (`metadata.unrunnable`, or a set-up it has no means for): its
+    episodes are quarantined with the reason, the other tasks run."""
+
+
+def refuse_unrunnable(task: Task) -> None:
+    """UnrunnableTask for a task its source marked `metadata.unrunnable` (the reason said)."""
+    if task.metadata.get("unrunnable"):
+        raise UnrunnableTask(f"task {task.id} cannot run: {task.metadata['unrunnable']}")
+
+
+GIVEN = {"given": "message_history"}
+
+
+def history_steps(messages: Sequence[dict[str, Any]]) -> list[Step]:
+    """A task's conversation so far (`params.message_history`: {role, content, tool_calls?, tool_call_id?})
+    as context steps (`train=False`: nobody's turn to learn from; `extra.given`: the world replays their calls
+    at reset, a replay of the record skips them). The user's own tool calls and their
+    results happen on the user's side: the world replays them, the agent never saw them."""
+    steps: list[Step] = []
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if role == "user":
+            if content:
+                steps.append(TextObservation(content=content, source="user", train=False, extra=dict(GIVEN)))
+        elif role == "assistant":
+            calls = message.get("tool_calls") or []
+            for n, call in enumerate(calls):
+                steps.append(ApiAction(function=call["name"], arguments=call.get("arguments") or {}, train=False,
+                                       tool_call_id=call.get("id") or None, extra=dict(GIVEN),
+                                       thought=(content or None) if n == 0 else None))
+            if content and not calls:
+                steps.append(MessageAction(content=content, train=False, extra=dict(GIVEN)))
+        elif message.get("requestor", "assistant") == "assistant":
+            steps.append(TextObservation(content=content, source="environment", train=False, extra=dict(GIVEN),
+                                         tool_call_id=message.get("tool_call_id") or None))
+    return steps
+
+
 class Task(BaseModel):
     """One episode's specification: what the user wants and how success is judged.
 
@@ -109,6 +148,13 @@ class Snapshot:
 class UserReply(BaseModel):
     text: str
     stop: bool = False
+    # Calls of the user's own tools (dual control, tau2 telecom): {name, arguments}, made on the world before
+    # the user is asked again; the reply with none is the user's message.
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# A user's tool calls in one turn at most (a user model that loops on its tools ends its turn).
+MAX_USER_TOOL_CALLS = 8
 
 
 class UserSimulator(ABC):
@@ -116,6 +162,8 @@ class UserSimulator(ABC):
     so snapshots, replays and caches need nothing from it."""
 
     kind: ClassVar[str] = "abstract"
+    # The user's own tools in this world (dual control): set by the environment at reset; empty in most worlds.
+    tools: list[Tool] = []
 
     async def opening(self, task: Task) -> str:
         """The user's first message (by default the task's instruction)."""
@@ -229,10 +277,13 @@ class Environment(ABC):
         By default a task's reference tool calls (`goal["actions"]`, as `{function|name, arguments}`),
         then a message telling the user what they must hear (`goal["communicate_info"]` or `outputs`).
         """
+        refuse_unrunnable(task)
         refs = task.goal.get("actions")
         if not isinstance(refs, list):
             return None
-        actions: list[Action] = [ApiAction(function=a.get("function") or a["name"], arguments=a.get("arguments") or {})
+        # A user-side action (tau2's requestor: user, dual control) is the user's to make: marked so.
+        actions: list[Action] = [ApiAction(function=a.get("function") or a["name"], arguments=a.get("arguments") or {},
+                                           extra={"requestor": "user"} if a.get("requestor") == "user" else {})
                                  for a in refs]
         info = [str(x) for x in (task.goal.get("communicate_info") or task.goal.get("outputs") or [])]
         told = f" {'; '.join(info)}." if info else ""
@@ -261,7 +312,7 @@ class Environment(ABC):
             raise RuntimeError("no episode: call reset(task) first")
         return self._episode.key
 
-    async def reset(self, task: Task) -> list[Observation]:
+    async def reset(self, task: Task) -> list[Step]:
         """Start a fresh episode of `task`; returns its opening steps.
 
         An episode always opens with the user's request (the user's own first message, or the
@@ -269,10 +320,19 @@ class Environment(ABC):
         """
         if task.env != self.name:
             raise ValueError(f"task {task.id} is for {task.env!r}, not {self.name!r}")
+        refuse_unrunnable(task)
         self._episode = _Episode(task, f"{task.id}/{uuid.uuid4().hex[:12]}", [])
         page = await self._reset(task)
-        request = await self.user.opening(task) if self.user is not None else task.instruction
-        opening: list[Observation] = [TextObservation(content=request, source="user")]
+        # A task may start mid-conversation (tau2's message_history): the user speaks next unless it spoke last.
+        opening: list[Step] = history_steps(task.params.get("message_history") or [])
+        if not opening or not (opening[-1].kind == "text" and opening[-1].source == "user"):
+            if self.user is None:
+                request = task.instruction
+            elif opening:
+                request = (await self.user.reply(task, opening)).text
+            else:
+                request = await self.user.opening(task)
+            opening.append(TextObservation(content=request, source="user"))
         if page is not None:
             opening.append(cut_observation(page, self.max_observation_chars))
         self._episode.history.extend(opening)
@@ -287,8 +347,9 @@ class Environment(ABC):
             return StepResult(error_observation("the episode is over"), True, {"error": "the episode is over"})
         ep.actions += 1
         if isinstance(action, MessageAction) and self.user is not None:
-            reply = await self.user.reply(ep.task, [*ep.history, action])
-            result = StepResult(TextObservation(content=reply.text, source="user"), done=reply.stop or USER_STOP in reply.text)
+            reply, made = await self._user_turn(ep.task, [*ep.history, action])
+            observation = TextObservation(content=reply.text, source="user", extra={"user_tool_calls": made} if made else {})
+            result = StepResult(observation, done=reply.stop or USER_STOP in reply.text)
         else:
             result = await self._act(action)
         result.observation = cut_observation(result.observation, self.max_observation_chars)
@@ -298,6 +359,25 @@ class Environment(ABC):
         ep.history += [action, result.observation]
         ep.done = result.done
         return result
+
+    async def _user_turn(self, task: Task, conversation: list[Step]) -> tuple[UserReply, list[dict[str, Any]]]:
+        """The user's answer, after the calls of its own tools it makes first (dual control). The calls, with
+        their results, are recorded on the user's step (`extra.user_tool_calls`): the user's, not the agent's,
+        never shown to the agent."""
+        assert self.user is not None
+        made: list[dict[str, Any]] = []
+        while True:
+            pending = [TextObservation(content="", source="user", train=False, extra={"user_tool_calls": made})]
+            reply = await self.user.reply(task, [*conversation, *(pending if made else [])])
+            if not reply.tool_calls or len(made) >= MAX_USER_TOOL_CALLS:
+                return reply, made
+            for call in reply.tool_calls[:MAX_USER_TOOL_CALLS - len(made)]:
+                name, arguments = str(call.get("name")), dict(call.get("arguments") or {})
+                made.append({"name": name, "arguments": arguments, "result": await self._user_act(name, arguments)})
+
+    async def _user_act(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run one of the user's own tools on the world (worlds with user tools override this)."""
+        return f"Error: there is no user tool {name!r} in this world"
 
     async def inspect(self, action: ApiAction) -> StepResult:
         """A read-only tool call outside the episode's record, also after its end: a verifier reading the
@@ -403,7 +483,7 @@ def transitions(steps: Sequence[Step]) -> list[tuple[Action, Observation | None]
     """
     out: list[tuple[Action, Observation | None]] = []
     for i, step in enumerate(steps):
-        if step.kind not in ACTION_KINDS or is_revision(step) or undone(step):
+        if step.kind not in ACTION_KINDS or is_revision(step) or undone(step) or step.extra.get("given"):
             continue
         nxt = steps[i + 1] if i + 1 < len(steps) and steps[i + 1].kind not in ACTION_KINDS else None
         out.append((step, nxt))  # type: ignore[arg-type]

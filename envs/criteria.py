@@ -17,7 +17,8 @@ every checked criterion holds.
   (case-insensitive, commas ignored; tau2's rule).
 - NL_ASSERTION: an LLM judge grades each assertion over the conversation; without a judge the
   criterion is recorded as unchecked and does not lower the reward.
-- ENV_ASSERTION: domain code tau2 runs inside its own environments; recorded as unchecked.
+- ENV_ASSERTION: tau2's `env_assertions`, domain functions called on the episode's world where the
+  environment exposes them (`env_check`: an MCP server's tools of those names); else unchecked.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def reference_actions(goal: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     for action in goal.get("actions") or []:
         out.append({"name": action.get("name") or action.get("function"), "arguments": action.get("arguments") or {},
-                    "compare_args": action.get("compare_args")})
+                    "compare_args": action.get("compare_args"), "requestor": action.get("requestor", "assistant")})
     return out
 
 
@@ -140,7 +141,7 @@ async def nl_assertion_check(goal: Mapping[str, Any], history: Sequence[Step], j
 async def evaluate_criteria(goal: Mapping[str, Any], history: Sequence[Step], calls: Sequence[CallRecord], *,
                             is_write: Callable[[str], bool], db_check: DBCheck | None = None,
                             reference_ok: Sequence[bool] | None = None, judge: LLM | None = None,
-                            policy: str | None = None) -> Evaluation:
+                            policy: str | None = None, env_check: DBCheck | None = None) -> Evaluation:
     """The episode's evaluation under the goal's tau2 criteria; `details` holds each verdict."""
     basis = [str(b).upper() for b in goal.get("reward_basis") or DEFAULT_BASIS]
     unknown = sorted(set(basis) - set(KNOWN_BASIS))
@@ -158,6 +159,8 @@ async def evaluate_criteria(goal: Mapping[str, Any], history: Sequence[Step], ca
             verdicts[criterion] = communicate_check(goal, history)
         elif criterion == "NL_ASSERTION":
             verdicts[criterion] = await nl_assertion_check(goal, history, judge, policy)
+        elif env_check is not None and goal.get("env_assertions"):
+            verdicts[criterion] = await env_check()
         else:
             verdicts[criterion] = {"passed": None, "unchecked": True,
                                    "note": "environment assertions are domain code this environment cannot run"}

@@ -30,6 +30,7 @@ from envs.base import Environment, Task
 from envs.registry import env_class, make_env
 from envs.tasks import TaskSourceConfig, load_tasks
 from envs.users import PersonaUser, UserConfig
+from envs.scenario_user import ScenarioUser
 from schemas.cut import DEFAULT_MAX_OBSERVATION_CHARS
 
 
@@ -141,6 +142,8 @@ class EnvFactory:
         elif user.kind == "llm":
             env.user = PersonaUser(self._llm_for("user", user.llm), max_turns=user.max_turns,
                                    temperature=user.temperature)
+        elif user.kind == "scenario":
+            env.user = ScenarioUser(max_turns=user.max_turns)
         elif user.kind == "rules" and (env.user is None or env.user.kind != "rules"):
             raise ValueError(f"environment {self.spec.env!r} has no rule-based user; use user.kind llm or none")
         return env

@@ -10,9 +10,15 @@ becomes a trajforge `Task`:
   `tau2-retail-0`, so a re-run and a reader of the data can find the task upstream;
 - `instruction`: the scenario's reason for call (what the user wants), and `metadata.user_scenario`
   the whole scenario, from which the LLM persona (envs/users.py) plays the user;
-- `goal`: the evaluation criteria (reference actions, communicate_info, nl_assertions,
-  reward_basis), checked by envs/criteria.py;
-- `metadata.split`: the split the task belongs to (`train`, `test`, or none).
+- `goal`: the evaluation criteria (reference actions with their requestor, communicate_info,
+  nl_assertions, env_assertions, reward_basis), checked by envs/criteria.py;
+- `params`: tau2's initial_state: `initialization_data`, `initial_actions` (the set-up calls on
+  either side's tools, then the calls of the message history, which the world replays) and
+  `message_history` (the conversation so far, which opens the episode);
+- `metadata.split`: the split the task belongs to (`train`, `test`, or none); `metadata.ticket`.
+
+A task this source cannot read is still a task, marked `metadata.unrunnable` with the reason: its
+episodes are quarantined with it (envs/base.py) and the others run; a file is never refused for one.
 
 Split aware: where the source has splits, the `train` split is used unless `split` names another
 (`all` for every task); test tasks are refused unless `allow_test_split` is set (the
@@ -55,9 +61,17 @@ def _splits(config: TaskSourceConfig, tasks_path: str) -> dict[str, list[str]] |
     return {str(k): [str(i) for i in v] for k, v in data.items()}
 
 
+def _scenario(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """tau2's user scenario as a mapping: a bare string (older files) is its instructions."""
+    scenario = raw.get("user_scenario")
+    if isinstance(scenario, str):
+        return {"instructions": scenario}
+    return scenario if isinstance(scenario, dict) else None
+
+
 def _instruction(raw: dict[str, Any]) -> str:
-    scenario = raw.get("user_scenario") or {}
-    instructions = scenario.get("instructions") if isinstance(scenario, dict) else None
+    scenario = _scenario(raw) or {}
+    instructions = scenario.get("instructions")
     if isinstance(instructions, dict) and instructions.get("reason_for_call"):
         return str(instructions["reason_for_call"]).strip()
     if isinstance(instructions, str) and instructions.strip():
@@ -66,51 +80,138 @@ def _instruction(raw: dict[str, Any]) -> str:
     return str(purpose or raw.get("ticket") or "").strip()
 
 
-def _initial_actions(raw: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    """tau2 initial states this can reproduce: the agent-side tool calls made before the episode."""
+SIDES = {"assistant": "assistant", "user": "user"}
+
+
+def _call(name: Any, arguments: Any, side: Any, what: str) -> dict[str, Any]:
+    """One tool call of the world's set-up: on the agent's tools (`assistant`) or the user's (`user`)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} has no function name")
+    if side not in SIDES:
+        raise ValueError(f"{what} {name!r} runs on the {side!r} side (known: assistant, user)")
+    if arguments is not None and not isinstance(arguments, dict):
+        raise ValueError(f"{what} {name!r}: arguments are not an object")
+    return {"name": name, "arguments": arguments or {}, **({"side": "user"} if side == "user" else {})}
+
+
+def _history(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """tau2's message_history as (the conversation so far, the tool calls in it the world replays).
+
+    Each message becomes {role, content, tool_calls?, tool_call_id?}: user and assistant messages,
+    tool results (`role: tool`); a user message's tool calls run on the user's tools."""
+    if not isinstance(messages, list):
+        raise ValueError("message_history is not a list")
+    conversation: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for n, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant", "tool"):
+            raise ValueError(f"message_history[{n}]: role {role!r} (known: user, assistant, tool)")
+        row: dict[str, Any] = {"role": role, "content": str(message.get("content") or "")}
+        if role == "tool":
+            row["tool_call_id"] = str(message.get("id") or "")
+            row["requestor"] = SIDES.get(message.get("requestor") or "assistant", "assistant")
+        made = []
+        for call in message.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                raise ValueError(f"message_history[{n}]: a tool call is not an object")
+            made.append({**_call(call.get("name"), call.get("arguments"), role, f"message_history[{n}] tool call"),
+                         "id": str(call.get("id") or "")})
+        if made:
+            row["tool_calls"] = made
+            calls += [{k: v for k, v in c.items() if k != "id"} for c in made]
+        conversation.append(row)
+    return conversation, calls
+
+
+def _initial_state(raw: dict[str, Any]) -> dict[str, Any]:
+    """tau2's initial_state as task params: `initialization_data` (applied to the world first),
+    `initial_actions` (the set-up calls, then the calls in the message history, on either side's
+    tools) and `message_history` (the conversation so far)."""
     state = raw.get("initial_state")
     if not state:
-        return []
-    if state.get("initialization_data") or state.get("message_history"):
-        raise TaskFileError(f"{where}: initial_state with initialization_data or message_history is not supported "
-                            "(only initialization_actions that call the agent's tools)")
-    out = []
-    for action in state.get("initialization_actions") or []:
-        if action.get("env_type", "assistant") != "assistant":
-            raise TaskFileError(f"{where}: initialization action {action.get('func_name')!r} runs on the "
-                                f"{action.get('env_type')} side, which this source cannot reproduce")
-        out.append({"name": action["func_name"], "arguments": action.get("arguments") or {}})
-    return out
+        return {}
+    if not isinstance(state, dict):
+        raise ValueError("initial_state is not an object")
+    params: dict[str, Any] = {}
+    data = state.get("initialization_data")
+    if data:
+        if not isinstance(data, dict) or set(data) - {"agent_data", "user_data"}:
+            raise ValueError("initialization_data holds agent_data and user_data only")
+        params["initialization_data"] = data
+    actions = state.get("initialization_actions") or []
+    if not isinstance(actions, list):
+        raise ValueError("initialization_actions is not a list")
+    initial = [_call(a.get("func_name") if isinstance(a, dict) else None,
+                     a.get("arguments") if isinstance(a, dict) else None,
+                     a.get("env_type", "assistant") if isinstance(a, dict) else None, "initialization action")
+               for a in actions]
+    if state.get("message_history"):
+        params["message_history"], replayed = _history(state["message_history"])
+        initial += replayed
+    if initial:
+        params["initial_actions"] = initial
+    return params
 
 
-def to_task(raw: Any, env_name: str, prefix: str | None, split: str | None, where: str) -> Task:
-    """One tau2 task as a trajforge Task."""
-    if not isinstance(raw, dict) or "id" not in raw:
-        raise TaskFileError(f"{where}: a tau2 task is an object with an 'id'")
-    upstream = str(raw["id"])
-    scenario = raw.get("user_scenario")
-    instructions = scenario.get("instructions") if isinstance(scenario, dict) else None
-    domain = instructions.get("domain") if isinstance(instructions, dict) else None
-    if prefix is None:
-        prefix = f"tau2-{domain}-" if domain else "tau2-"
+def _goal(raw: dict[str, Any]) -> dict[str, Any]:
     criteria = raw.get("evaluation_criteria") or {}
+    if not isinstance(criteria, dict):
+        raise ValueError("evaluation_criteria is not an object")
+    actions = []
+    for a in criteria.get("actions") or []:
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str):
+            raise ValueError("a reference action has no name")
+        actions.append({"name": a["name"], "arguments": a.get("arguments") or {},
+                        **({"compare_args": a["compare_args"]} if a.get("compare_args") is not None else {}),
+                        **({"requestor": "user"} if a.get("requestor") == "user" else {})})
     goal: dict[str, Any] = {
-        "actions": [{"name": a["name"], "arguments": a.get("arguments") or {},
-                     **({"compare_args": a["compare_args"]} if a.get("compare_args") is not None else {})}
-                    for a in criteria.get("actions") or []],
+        "actions": actions,
         "communicate_info": list(criteria.get("communicate_info") or []),
         "nl_assertions": list(criteria.get("nl_assertions") or []),
         "reward_basis": list(criteria.get("reward_basis") or ["DB", "COMMUNICATE"]),
     }
-    metadata = {"split": split, "upstream_id": upstream, "user_scenario": scenario,
-                **{k: raw[k] for k in ("description", "issues") if raw.get(k)}}
-    initial = _initial_actions(raw, where)
+    assertions = []
+    for a in criteria.get("env_assertions") or []:
+        call = _call(a.get("func_name") if isinstance(a, dict) else None, a.get("arguments") if isinstance(a, dict) else None,
+                     a.get("env_type", "assistant") if isinstance(a, dict) else None, "env assertion")
+        assertions.append({**call, "assert_value": a.get("assert_value", True), "message": a.get("message")})
+    if assertions:
+        goal["env_assertions"] = assertions
+    return goal
+
+
+def to_task(raw: Any, env_name: str, prefix: str | None, split: str | None, where: str, n: int = 0) -> Task:
+    """One tau2 task as a trajforge Task; a task this source cannot read is still a Task, marked
+    `metadata.unrunnable` with the reason (its episodes are quarantined with it, the others run)."""
+    if not isinstance(raw, dict):
+        raw = {"id": f"#{n}", "_problem": "a tau2 task is an object"}
+    upstream = str(raw.get("id", f"#{n}"))
+    scenario = _scenario(raw)
+    instructions = scenario.get("instructions") if scenario else None
+    domain = instructions.get("domain") if isinstance(instructions, dict) else None
+    if prefix is None:
+        prefix = f"tau2-{domain}-" if domain else "tau2-"
+    metadata: dict[str, Any] = {"split": split, "upstream_id": upstream, "user_scenario": scenario,
+                                **{k: raw[k] for k in ("description", "issues", "ticket") if raw.get(k)}}
+    problem = raw.get("_problem") or (None if "id" in raw else "a tau2 task has an 'id'")
+    goal: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    if problem is None:
+        try:
+            goal, params = _goal(raw), _initial_state(raw)
+        except (ValueError, AttributeError, TypeError) as exc:
+            problem = str(exc)
+    if problem is not None:
+        metadata["unrunnable"] = f"{where}: {problem}"
     try:
-        return Task(id=f"{prefix}{upstream}", env=env_name, instruction=_instruction(raw), goal=goal,
-                    params={"initial_actions": initial} if initial else {}, metadata=metadata)
+        return Task(id=f"{prefix}{upstream}", env=env_name, instruction=_instruction(raw) or upstream, goal=goal,
+                    params=params, metadata=metadata)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise TaskFileError(f"{where}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+        return Task(id=f"{prefix}{upstream}", env=env_name, instruction=upstream,
+                    metadata={**metadata, "unrunnable": f"{where}: {'.'.join(str(p) for p in first['loc'])}: "
+                                                       f"{first['msg']}"})
 
 
 @register_task_source("tau2")
@@ -143,7 +244,7 @@ def load_tau2(config: TaskSourceConfig, env_name: str, env: Environment | None) 
         upstream = str(raw.get("id")) if isinstance(raw, dict) else ""
         if members is not None and upstream not in members:
             continue
-        task = to_task(raw, env_name, prefix, split_of.get(upstream), f"{config.path}: task #{n}")
+        task = to_task(raw, env_name, prefix, split_of.get(upstream), f"{config.path}: task #{n}", n)
         if config.ids is None or task.id in config.ids:
             tasks.append(task)
     test = [t.id for t in tasks if t.metadata.get("split") == TEST_SPLIT]
@@ -152,9 +253,10 @@ def load_tau2(config: TaskSourceConfig, env_name: str, env: Environment | None) 
                             f"{', ...' if len(test) > 3 else ''}); training data from test tasks is refused unless "
                             "asked for (--allow-test-split, or tasks.allow_test_split: true)")
     seen: set[str] = set()
-    for task in tasks:
-        if task.id in seen:
-            raise TaskFileError(f"{config.path}: duplicate task id {task.id!r}")
+    for n, task in enumerate(tasks):
+        if task.id in seen:  # kept apart, under an id of its own, and quarantined: never a whole file refused
+            task = task.model_copy(update={"id": f"{task.id}#{n}", "metadata": {
+                **task.metadata, "unrunnable": f"{config.path}: duplicate task id {task.id!r}"}})
         seen.add(task.id)
         yield task
 

@@ -3,6 +3,7 @@
     user: {kind: auto}                      # the environment's default user
     user: {kind: llm, llm: {...}}           # an LLM persona (the method's model unless `llm` is given)
     user: {kind: rules}                     # the environment's rule-based user (retail)
+    user: {kind: scenario}                  # a deterministic user speaking from the task's scenario (envs/scenario_user.py)
     user: {kind: none}                      # no user: the agent's message is its final answer
 
 The persona plays the person a task describes: `metadata["user_scenario"]` in tau2-bench's layout
@@ -30,7 +31,7 @@ from backends.config import LLMConfig
 from envs.base import USER_STOP, Task, UserReply, UserSimulator
 from schemas.models import Step
 
-UserKind = Literal["auto", "llm", "rules", "none"]
+UserKind = Literal["auto", "llm", "rules", "scenario", "none"]
 # The user kinds whose turns a model writes (the persona, the simulator's user): the ones fidelity checks.
 MODEL_USERS = frozenset({"llm persona", "simulated"})
 
@@ -106,7 +107,15 @@ def persona_messages(task: Task, conversation: Sequence[Step]) -> list[dict[str,
                                                                                      scenario=scenario_text(task))}]
     for step in conversation:
         if step.kind == "text" and step.source == "user":
-            msgs.append({"role": "assistant", "content": step.content})
+            # The user's own tool calls (dual control) and what they gave, then what it said.
+            for n, call in enumerate(step.extra.get("user_tool_calls") or []):
+                call_id = f"user_call_{len(msgs)}_{n}"
+                msgs.append({"role": "assistant", "content": "", "tool_calls": [{
+                    "id": call_id, "type": "function", "function": {
+                        "name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]})
+                msgs.append({"role": "tool", "tool_call_id": call_id, "content": str(call.get("result", ""))})
+            if step.content:
+                msgs.append({"role": "assistant", "content": step.content})
         elif step.kind == "message" and step.extra.get("kind") != "revision":
             msgs.append({"role": "user", "content": step.content})
     if len(msgs) == 1 or msgs[1]["role"] != "user":
@@ -140,15 +149,30 @@ class PersonaUser(UserSimulator):
         turns = sum(1 for s in conversation if s.kind == "text" and s.source == "user")
         if turns >= self.max_turns:
             return UserReply(text=TURN_CAP_REPLY, stop=True)
-        text = await self._say(task, conversation)
-        return UserReply(text=text, stop=USER_STOP in text)
+        return await self._answer(task, conversation)
 
     async def _say(self, task: Task, conversation: Sequence[Step]) -> str:
-        answer = await self.llm.chat(persona_messages(task, conversation), temperature=self.temperature)
-        text = (answer[0].text or "").strip()
-        if not text:
+        return (await self._answer(task, conversation)).text
+
+    async def _answer(self, task: Task, conversation: Sequence[Step]) -> UserReply:
+        """The persona's next message, or the calls of its own tools it makes first (where it has tools)."""
+        from generators.agent import openai_tools  # the wire specs the agent's tools use (imported late: no cycle)
+
+        extra: dict[str, Any] = {"tools": openai_tools(self.tools)} if self.tools else {}
+        answer = (await self.llm.chat(persona_messages(task, conversation), temperature=self.temperature, **extra))[0]
+        calls = [{"name": c.name, "arguments": _arguments(c.arguments)} for c in answer.tool_calls or []]
+        text = (answer.text or "").strip()
+        if not text and not calls:
             raise UserSimulationError(f"the user model gave an empty answer for task {task.id}")
-        return text
+        return UserReply(text=text, stop=USER_STOP in text, tool_calls=calls)
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if raw and raw.strip() else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class UserSimulationError(RuntimeError):

@@ -5,9 +5,12 @@
     OUT/README.md        the report to read: headline rates, failures, cost, the per-group table
     OUT/plots/pass_by_group.png
 
-Episodes a misbehaving simulated user spoiled (`details.user_fidelity.ok == false`) are left out of
-every rate and counted on their own, as are episodes quarantined because the world or the model
-server broke: neither is the agent's failure. Failures are counted per criterion: tau2's DB /
+Episodes a misbehaving simulated user spoiled (`details.user_fidelity.ok == false`, kept marked or
+quarantined by the fidelity check) are unscorable: left out of every rate and counted on their own by
+reason (`unscorable_by_user`), as are episodes quarantined because the world or the model server
+broke: neither is the agent's failure. pass@1 is over the scored episodes, their count beside it.
+Tasks scored without a criterion of their basis (NL assertions and no judge) are counted
+(`scored_without`). Failures are counted per criterion: tau2's DB /
 ACTION / COMMUNICATE / NL_ASSERTION, a page's own reward (MiniWoB), a site's url / text / js /
 answer checks, an LLM judge.
 """
@@ -40,6 +43,29 @@ def spoiled_by_user(trajectory: Trajectory) -> bool:
     """Whether the simulated user broke this episode (its fidelity check failed)."""
     fidelity = trajectory.details.get("user_fidelity")
     return isinstance(fidelity, dict) and fidelity.get("ok") is False
+
+
+def user_break_reason(fidelity: Any) -> str:
+    """The label of the first broken user turn (role_flip, leak, ...) of a fidelity verdict."""
+    turns = fidelity.get("turns") if isinstance(fidelity, dict) else None
+    broken = [t for t in turns or [] if isinstance(t, dict) and t.get("label") not in (None, "ok")]
+    return str(broken[0]["label"]) if broken else "unknown"
+
+
+def quarantined_user_break(stage: str, error: str, raw: str) -> str | None:
+    """The reason a quarantined episode was left out because the simulated user broke it (None: another cause)."""
+    if stage != "user" or not error.startswith("user_fidelity: user turn"):
+        return None
+    try:
+        return user_break_reason((json.loads(raw).get("details") or {}).get("user_fidelity"))
+    except (ValueError, AttributeError):
+        return "unknown"
+
+
+def unchecked_criteria(trajectory: Trajectory) -> list[str]:
+    """The criteria of an episode's basis nothing checked (NL assertions without a judge)."""
+    details = (trajectory.details.get("evaluation") or {}).get("details") or {}
+    return [str(c) for c in details.get("unchecked") or []]
 
 
 def failed_criteria(evaluation: dict[str, Any] | None) -> list[str]:
@@ -104,6 +130,8 @@ def build_report(out: Path, config: Any, *, split: str, run: dict[str, Any], wal
     failures: Counter[str] = Counter()
     stops: Counter[str] = Counter()
     unusable = action_errors = spoiled = 0
+    broke: Counter[str] = Counter()  # why the simulated user broke the episodes it spoiled
+    unchecked_tasks: dict[str, set[str]] = defaultdict(set)  # criterion -> tasks scored without it
     steps: list[float] = []
     walls: list[float] = []
     episodes = list(ds.iter_records("trajectories"))
@@ -114,7 +142,10 @@ def build_report(out: Path, config: Any, *, split: str, run: dict[str, Any], wal
         if spoiled_by_user(t):
             spoiled += 1
             f["user_spoiled"] += 1
+            broke[user_break_reason(t.details.get("user_fidelity"))] += 1
             continue
+        for criterion in unchecked_criteria(t):
+            unchecked_tasks[criterion].add(task)
         scores.setdefault(task, TaskScore(task)).add(bool(t.success), float(t.reward or 0.0))
         f["steps"].append(int(t.details.get("actions", 0)))
         f["wall"].append(float(t.details.get("wall_s", 0.0)))
@@ -127,12 +158,22 @@ def build_report(out: Path, config: Any, *, split: str, run: dict[str, Any], wal
             failures[criterion] += 1
             f["failures"][criterion] += 1
     errors: Counter[str] = Counter()
+    spoiled_quarantined = 0
     for q in ds.iter_records("quarantine"):
-        errors[q.stage] += 1
         try:
-            task = str(json.loads(q.raw).get("task"))
+            data = json.loads(q.raw)  # an episode's {task, sample}, or a whole trajectory (a broken user's)
+            task = str(data.get("task") or (data.get("provenance") or {}).get("source_id")
+                       or q.location.removeprefix("task "))
         except (ValueError, AttributeError):
             task = q.location.removeprefix("task ")
+        reason = quarantined_user_break(q.stage, q.error, q.raw)
+        if reason is not None:  # the simulated user broke it (user.fidelity.on_broken: quarantine)
+            spoiled += 1
+            spoiled_quarantined += 1
+            broke[reason] += 1
+            facts[task]["user_spoiled"] += 1
+            continue
+        errors[q.stage] += 1
         facts[task]["errors"] += 1
     scored = sum(s.samples for s in scores.values())
     rates = pass_rates(list(scores.values()), config.samples)
@@ -156,6 +197,11 @@ def build_report(out: Path, config: Any, *, split: str, run: dict[str, Any], wal
         "config_hash": config.output_hash(), "output": str(out),
         "tasks": len(facts), "episodes": scored + spoiled + sum(errors.values()), "scored": scored,
         "user_spoiled": spoiled, "errors": dict(sorted(errors.items())),
+        # Episodes the simulated user made unscorable, by the first broken turn's label, and where they are.
+        "unscorable_by_user": {"episodes": spoiled, "by_reason": dict(broke.most_common()),
+                               "kept_marked": spoiled - spoiled_quarantined, "quarantined": spoiled_quarantined},
+        # Tasks whose scored episodes passed or failed without a criterion of their basis (no judge for NL assertions).
+        "scored_without": {c: len(ts) for c, ts in sorted(unchecked_tasks.items())},
         "pass@1": rates["1"]["pass@k"] if rates else None, "pass": rates,
         "reward_mean": mean(rewards),
         "failures": {"by_criterion": dict(failures.most_common()), "stop_reasons": dict(stops.most_common()),
@@ -226,13 +272,15 @@ def headline(report: dict[str, Any]) -> list[tuple[str, str]]:
                                                         f"tasks, split {report['split']})"),
             ("tasks x samples", f"{report['tasks']} x {k}"),
             ("episodes scored", f"{report['scored']} of {report['episodes']}"),
-            ("pass@1", pct(report["pass@1"]))]
+            (f"pass@1 (over the {report['scored']} scored)", pct(report["pass@1"]))]
     if k > 1:
         top = report["pass"][str(k)]
         rows += [(f"pass@{k}", pct(top["pass@k"])), (f"pass^{k}", pct(top["pass^k"]))]
     u = report["usage"]
     rows += [("mean reward", num(report["reward_mean"], 3)), ("mean steps", num(report["steps_mean"])),
-             ("spoiled by the simulated user (left out)", str(report["user_spoiled"])),
+             ("unscorable: the simulated user broke them (left out)", unscorable_line(report)),
+             *[(f"tasks scored without {c} (unchecked: no judge)" if c == "NL_ASSERTION" else
+                f"tasks scored without {c} (unchecked)", str(n)) for c, n in report.get("scored_without", {}).items()],
              ("quarantined (world / server errors, left out)",
               ", ".join(f"{s}: {n}" for s, n in report["errors"].items()) or "0"),
              ("unusable answers", str(report["failures"]["unusable_answers"])),
@@ -241,6 +289,17 @@ def headline(report: dict[str, Any]) -> list[tuple[str, str]]:
               else f"${u['cost_usd']:.4f}" + (f" ({u['cost_basis']})" if u.get("cost_basis") else "")),
              ("wall time", f"{report['wall_s']:.1f} s")]
     return rows
+
+
+def unscorable_line(report: dict[str, Any]) -> str:
+    """How many episodes the simulated user broke, why, and where they are."""
+    u = report.get("unscorable_by_user") or {"episodes": report.get("user_spoiled", 0), "by_reason": {}}
+    if not u["episodes"]:
+        return "0"
+    where = [f"{u['kept_marked']} kept, marked (details.user_fidelity)" if u.get("kept_marked") else "",
+             f"{u['quarantined']} in quarantine/" if u.get("quarantined") else ""]
+    reasons = ", ".join(f"{r}: {n}" for r, n in u["by_reason"].items())
+    return f"{u['episodes']} ({reasons}; {'; '.join(w for w in where if w)})"
 
 
 def markdown(report: dict[str, Any], plot: bool) -> str:

@@ -77,6 +77,9 @@ def check(
     if shared:
         err_console.print(f"[bold yellow]warning:[/] the check replays writes on files outside trajforge's temp "
                           f"directories: {'; '.join(shared)}", highlight=False)
+    if spec.env_config.get("judge") == {}:
+        # The judge role is a method's (its `judge:` model): the check grades no NL assertion (reported unchecked).
+        spec = spec.model_copy(update={"env_config": {k: v for k, v in spec.env_config.items() if k != "judge"}})
     # Checking trains nothing: every split may be checked.
     task_source = spec.tasks.model_copy(update={"allow_test_split": True, **({"n": tasks} if tasks else {})})
     spec = spec.model_copy(update={"tasks": task_source, "user": spec.user if with_user else UserConfig(kind="none")})

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from envs.sandbox import SandboxUnavailable
 from envs.tasks import TaskFileError
-from flows.console import console, fail, read_config_mapping
+from flows.console import console, err_console, fail, read_config_mapping
 from flows.progress import RichProgress
 from schemas.store import StoreError
 
@@ -69,8 +69,24 @@ def eval_cmd(
     console.print(table)
     console.print(f"report: {output / 'README.md'} (per task: {output / 'tasks.csv'}); episodes: trajforge view {output}",
                   highlight=False)
-    if report["scored"] == 0:
-        fail(f"no episode was scored: all {report['episodes']} were quarantined or spoiled; see {output}/quarantine")
+    unscorable = report["unscorable_by_user"]
+    if report["scored"] == 0 and not unscorable["episodes"]:
+        fail(f"no episode was scored: all {report['episodes']} were quarantined (world or model server errors); "
+             f"see {output}/quarantine")
+    if unscorable["episodes"]:
+        # Not the agent's failure and not a broken run: the simulated user broke them; say where they are.
+        where = [f"{unscorable['kept_marked']} kept, marked details.user_fidelity (trajforge view {output})"
+                 if unscorable["kept_marked"] else "", f"{unscorable['quarantined']} in {output}/quarantine"
+                 if unscorable["quarantined"] else ""]
+        err_console.print(f"[bold yellow]warning:[/] {unscorable['episodes']} of {report['episodes']} episode(s) "
+                          f"unscorable: the simulated user broke them ({', '.join(f'{r}: {n}' for r, n in unscorable['by_reason'].items())}); "
+                          f"{'; '.join(w for w in where if w)}. pass@1 is over the {report['scored']} scored"
+                          + ("" if report["scored"] else " (none): a deterministic user (user: {kind: scenario}) "
+                             "scores a small model"), highlight=False)
+    for criterion, n in report.get("scored_without", {}).items():
+        err_console.print(f"[bold yellow]note:[/] {n} task(s) scored without {criterion}"
+                          + (" (no judge: set env_config.judge)" if criterion == "NL_ASSERTION" else " (unchecked)"),
+                          highlight=False)
 
 
 def _check_endpoint(cfg: Any, where: Path) -> None:

@@ -120,6 +120,11 @@ def print_summary(summary: RunSummary) -> None:
     for key, n in sorted(data["counts"].items()):
         if key.startswith("failed_step:"):
             table.add_row(f"  failed steps ({key.split(':', 1)[1]} answer)", str(n))
+    for key, n in sorted(data["counts"].items()):
+        if key.startswith("unchecked:"):
+            criterion = key.split(":", 1)[1]
+            table.add_row(f"  scored without {criterion}" + (" (no judge)" if criterion == "NL_ASSERTION" else ""),
+                          f"{n} episodes")
     for reason, n in sorted(data["rejected_by_reason"].items()):
         table.add_row(f"  rejected: {reason}", str(n))
     for name, value in data["report"].items():

@@ -121,6 +121,9 @@ class Episode:
         counts[f"stop:{self.stop_reason}"] += 1
         for reason, n in self.failure_reasons.items():
             counts[f"failed_step:{reason}"] += n
+        # Criteria of the basis nothing checked (NL assertions without a judge): the summary says so.
+        for criterion in (self.evaluation.details.get("unchecked") or []) if self.evaluation is not None else []:
+            counts[f"unchecked:{criterion}"] += 1
 
 
 def positional(step: Step, index: int, call_id: str | None = None) -> Step:

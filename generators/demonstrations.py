@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Literal, Sequence
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.config import LLMConfig
 from envs.base import Task
 from generators._episode import play_episode, renumber_calls
+from filters.policy_rules import AUTH_TOOLS, PUBLIC_TOOLS, policy_violations
 from generators.agent import AgentPolicy, Proposal
+from envs.scenario_user import scenario_facts
+from generators.blueprint import MODEL, TEMPLATE, BlueprintAgent, authentication_calls, blueprint, rewrites_of
 from generators.base import TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
@@ -34,10 +37,34 @@ NO_REFERENCE = "no reference solution"
 REFERENCE_MODEL = "reference-solution"
 
 
+class PolicyCheckConfig(BaseModel):
+    """`policy_check`: the rule check of the service policy on dialogues (filters/policy_rules.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    auth_tools: list[str] = Field(default_factory=lambda: list(AUTH_TOOLS),
+                                  description="tools that authenticate the user ([]: no authentication rule)")
+    public_tools: list[str] = Field(default_factory=lambda: list(PUBLIC_TOOLS),
+                                    description="tools that read nothing private (allowed before authentication)")
+
+
 class DemonstrationsConfig(EnvMethodConfig):
     method: Literal["demonstrations"] = "demonstrations"
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="fake", model=REFERENCE_MODEL),
-                           description="only for what in the world needs a model (a persona user without its own)")
+                           description="the model that words a dialogue's agent messages (dialogue: true), and "
+                                       "what in the world needs a model; the placeholder: template messages")
+    dialogue: bool = Field(False, description=(
+        "play the gold calls as a dialogue that obeys the policy (generators/blueprint.py): the agent asks for "
+        "identity, states each write and gets a yes, reports the outcome; needs a user (user.kind scenario or llm)"))
+    policy_check: PolicyCheckConfig = Field(default_factory=PolicyCheckConfig,
+                                            description="the policy's rule check, a filter of dialogues")
+
+    @model_validator(mode="after")
+    def _dialogue_has_a_user(self) -> DemonstrationsConfig:
+        if self.dialogue and self.user.kind not in ("scenario", "llm"):
+            raise ValueError("dialogue: true needs a user to talk to: user: {kind: scenario} (deterministic) or "
+                             "{kind: llm} (a persona)")
+        return self
 
 
 class Replay:
@@ -81,6 +108,8 @@ class Demonstrations(EnvMethod):
                     result.counts[f"filtered:{NO_REFERENCE}"] += 1
                     result.reject(self._placeholder(task), "demonstrations", NO_REFERENCE)
                     return result
+                if self.config.dialogue:
+                    return await self._dialogue(env, task, actions, result)
                 episode = await play_episode(env, Replay(actions, self.policy()), task, max_steps=max(1, len(actions)))
         except Exception as exc:  # noqa: BLE001 - classified and quarantined; the run goes on
             stage, error = episode_failure(exc)
@@ -93,6 +122,36 @@ class Demonstrations(EnvMethod):
         result.trajectories.append(self.trajectory(task, "", steps, episode.evaluation, reference_actions=len(actions),
                                                    **{**episode.details(), "rewrites": written}))
         episode.count(result.counts)
+        return result
+
+    async def _dialogue(self, env: Any, task: Task, actions: Sequence[Action], result: TaskResult) -> TaskResult:
+        """The gold calls as a dialogue that obeys the policy; dropped (counted) where the rule check finds a
+        write without a confirmation or an act before authentication."""
+        check = self.config.policy_check
+        writes = set(getattr(env, "state_changing_tools", ()) or ())
+        told = [str(x) for x in task.goal.get("communicate_info") or []]
+        authenticate = authentication_calls(scenario_facts(task)[1], check.auth_tools, check.public_tools, actions)
+        turns = blueprint(actions, writes=writes, auth_tools=check.auth_tools, told=told, authenticate=authenticate)
+        writer = None if self.config.llm.model == REFERENCE_MODEL else self.llm
+        agent = BlueprintAgent(turns, self.policy(), writer, told)
+        episode = await play_episode(env, agent, task, max_steps=len(turns))
+        steps = renumber_calls(episode.steps)
+        texts = {who: agent.texts.count(who) for who in (MODEL, TEMPLATE) if who in agent.texts}
+        record = self.trajectory(task, "", steps, episode.evaluation, reference_actions=len(actions),
+                                 **{**episode.details(), "rewrites": rewrites_of(steps, agent.texts),
+                                    "agent_text": texts, "dialogue": "blueprint",
+                                    **({"added_authentication": len(authenticate)} if authenticate else {})})
+        episode.count(result.counts)
+        result.counts["policy_checked"] += 1
+        found = policy_violations(steps, writes=writes, auth_tools=check.auth_tools, public_tools=check.public_tools)
+        for _, rule, _ in found:
+            result.counts[f"policy:{rule}"] += 1
+        if found:
+            step, rule, what = found[0]
+            result.counts[f"filtered:policy: {rule}"] += 1
+            result.reject(record, "policy_rules", f"policy: {rule} (step {step}: {what})")
+        else:
+            result.trajectories.append(record)
         return result
 
     def _placeholder(self, task: Task) -> Any:

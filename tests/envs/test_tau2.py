@@ -52,9 +52,12 @@ def test_tau2_source_errors_name_the_file(tmp_path: Path) -> None:
     assert task.metadata["split"] is None and task.id == "tau2-1" and task.goal["reward_basis"] == ["DB", "COMMUNICATE"]
     with pytest.raises(TaskFileError, match="no split_tasks.json"):
         load_tasks(TaskSourceConfig(source="tau2", path=str(bad), split="train"), "mcp")
-    bad.write_text(json.dumps([{"id": "1", "initial_state": {"initialization_data": {"agent_data": {}}}}]))
-    with pytest.raises(TaskFileError, match="task #0: initial_state with initialization_data"):
-        load_tasks(TaskSourceConfig(source="tau2", path=str(bad)), "mcp")
+    # A task the source cannot read is marked with its reason (its episodes are quarantined); the file loads.
+    bad.write_text(json.dumps([{"id": "1", "initial_state": {"initialization_data": {"robot_data": {}}}},
+                               {"id": "2", "user_scenario": "Help me."}]))
+    first, second = load_tasks(TaskSourceConfig(source="tau2", path=str(bad)), "mcp")
+    assert first.metadata["unrunnable"].endswith("task #0: initialization_data holds agent_data and user_data only")
+    assert "unrunnable" not in second.metadata and second.instruction == "Help me."
 
 
 def test_criteria_follow_tau2_rules() -> None:

@@ -39,6 +39,7 @@ from envs.browser.solvers import parse_axtree
 from envs.spec import EnvFactory, EnvSpec
 from flows.cli import app
 from flows.agent_r_config import AgentRConfig
+from filters.policy_rules import policy_violations, write_tools_of
 from generators.base import role_fields
 from generators.registry import all_methods, get_method
 from generators.runner import load_config
@@ -85,6 +86,7 @@ def _world(data: dict[str, Any]) -> dict[str, Any]:
 def test_every_method_ships_a_real_environment_config_with_models_of_its_own_for_its_roles() -> None:
     assert set(SHIPPED) == set(all_methods())
     tau2 = _world(_shipped("mcp_tau2_retail.yaml"))
+    assert tau2["env_config"]["judge"] == {}  # tau2's NL assertions are graded by each config's judge role
     for method, name in SHIPPED.items():
         data = _shipped(name)
         config = load_config(data)
@@ -242,6 +244,7 @@ def _references() -> dict[str, list[Any]]:
     data = _shipped("mcp_tau2_retail.yaml")
     spec = EnvSpec(**{k: data[k] for k in WORLD_KEYS}, user={"kind": "none"})
     spec.env_config["sessions"] = 1
+    spec.env_config.pop("judge")  # the judge role is a run's; the references are only replayed here
     spec.tasks.ids = [TASK]
 
     async def solve() -> dict[str, list[Any]]:
@@ -326,13 +329,16 @@ def test_rollout_solves_the_task_by_tau2s_criteria(runs: Runs) -> None:
 
 def test_demonstrations_play_tau2s_gold_actions_and_succeed_without_an_acting_model(runs: Runs) -> None:
     before = len(runs.bodies())
-    _, out = runs.run("demonstrations")
+    # As shipped: no `llm` (the placeholder), so the agent's messages are the blueprint's templates.
+    _, out = runs.run("demonstrations", llm={"backend": "fake", "model": "reference-solution"})
     [t] = _records(out)
     assert t.success and t.reward == 1.0 and t.provenance.model == "reference-solution"
     assert t.steps[0].name == "system" and "# Policy" in t.steps[0].content and t.steps[1].source == "user"
     calls = [s.function for s in t.steps if s.kind == "api"]
     assert calls == [a["name"] for a in t.details["task"]["goal"]["actions"]]
-    assert t.steps[1].content == t.details["task"]["instruction"]  # user: none, the task's own words open it
+    # A dialogue that obeys the policy: the scenario user opens in its own words, every write is confirmed.
+    assert t.steps[1].content.startswith("I received my order #W2378156") and t.details["dialogue"] == "blueprint"
+    assert policy_violations(t.steps, writes=write_tools_of(t)) == [] and t.details["agent_text"] == {"template": 3}
     assert runs.bodies()[before:] == []  # no model was asked anything
 
 
