@@ -67,6 +67,27 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+BENCH_ENV = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+             "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_improve(config: Path, name: str) -> tuple[float, float]:
+    """`trajforge improve CONFIG` in its own process, logged to results/NAME.run.log: (wall s, CPU s of the loop's
+    processes, Chromium's included: what the machine's load cannot inflate). Exits with the log's last line on failure."""
+    log = RESULTS_DIR / f"{name}.run.log"
+    RESULTS_DIR.mkdir(exist_ok=True)
+    started = time.perf_counter()
+    cpu_before = _children_cpu()
+    with log.open("w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "improve", str(config)], cwd=ROOT,
+                              env={**os.environ, **BENCH_ENV}, stdout=fh, stderr=subprocess.STDOUT)
+    seconds, cpu = time.perf_counter() - started, _children_cpu() - cpu_before
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise SystemExit(f"trajforge improve failed (exit {proc.returncode}): {tail[0]} (log: {log})")
+    return seconds, cpu
+
+
 class LoadSampler:
     """The 1-minute load average every `every` seconds while the run goes on."""
 
@@ -116,20 +137,8 @@ def main() -> None:
     path = work / "improve.yaml"
     work.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config(out, args), sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    log = RESULTS_DIR / "improve.run.log"
-    RESULTS_DIR.mkdir(exist_ok=True)
-    started = time.perf_counter()
-    cpu_before = _children_cpu()
-    with LoadSampler() as load, log.open("w") as fh:
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "improve", str(path)], cwd=ROOT, env=env,
-                              stdout=fh, stderr=subprocess.STDOUT)
-    seconds = time.perf_counter() - started
-    cpu = _children_cpu() - cpu_before  # the loop's own CPU time (with Chromium's): what the load cannot inflate
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise SystemExit(f"trajforge improve failed (exit {proc.returncode}): {tail[0]} (log: {log})")
+    with LoadSampler() as load:
+        seconds, cpu = run_improve(path, "improve")
     report = json.loads((out / "report.json").read_text())
     cmp = report["comparison"]
     delta = cmp["delta"]

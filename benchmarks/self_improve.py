@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from benchmarks._common import RESULTS_DIR, print_rows, row, write_results
-from benchmarks.improve import CONFIG, LoadSampler, _children_cpu
+from benchmarks.improve import BENCH_ENV, CONFIG, LoadSampler, _children_cpu, run_improve
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM = ["click-dialog", "click-tab"]
@@ -106,24 +106,17 @@ def main() -> None:
     cfg = config(out, args)
     path = work / "improve.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **BENCH_ENV}
     name = "self_improve" + ("_smoke" if args.smoke else "")
-    log = RESULTS_DIR / f"{name}.run.log"
-    RESULTS_DIR.mkdir(exist_ok=True)
     started = time.perf_counter()
     cpu_before = _children_cpu()
-    with LoadSampler() as load, log.open("w") as fh:
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "improve", str(path)], cwd=ROOT, env=env,
-                              stdout=fh, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise SystemExit(f"trajforge improve failed (exit {proc.returncode}): {tail[0]} (log: {log})")
+    with LoadSampler() as load:
+        run_improve(path, name)
         report = json.loads((out / "report.json").read_text())
         rounds = {r["round"]: r for r in report["rounds"]}
         first, last = rounds[0], rounds[max(rounds)]
         kept = [retention(cfg, args, r["model"], work / f"retention-{r['round']}", env) for r in (first, last)]
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - started  # the loop and the retention evals
     cpu = _children_cpu() - cpu_before
     from evals.compare import compare
     from evals.report import load_report

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from typer.testing import CliRunner
 
-from backends.fake_server import FakeServer, Rule, ToolCallAnswer
+from backends.fake_server import FakeServer, Rule
 from flows.cli import app
 from flows.improve_checks import check_tasks
 from flows.improve_config import load_improve_config
