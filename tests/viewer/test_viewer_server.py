@@ -279,7 +279,7 @@ def test_eval_and_improve_reports_are_served_and_a_broken_one_is_one_clear_line(
         broken = c.get("/api/report/0")
         assert broken.status_code == 400 and "run/report.json: cannot read it" in broken.json()["error"]
         view = c.get("/api/report/1").json()
-        assert view["source"] == 0 and view["k"] == 2 and ["pass@1", "25.0%"] in view["summary"]
+        assert view["source"] == 0 and view["k"] == 2 and ["pass@1 (over the 3 scored)", "25.0%"] in view["summary"]
         t0, t1 = view["tasks"]
         assert (t0["pass@1"], t0["pass@k"], t0["pass^k"], t0["failures"]) == (0.5, 1.0, 0.0, {"DB": 1})
         assert [(e["id"], e["failed"]) for e in t0["episodes"]] == [("eval/t0#0", []), ("eval/t0#1", ["DB"])]
