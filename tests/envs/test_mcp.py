@@ -42,9 +42,17 @@ def wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
 
 
 def server_processes() -> list[psutil.Process]:
-    """The tau2 server processes (not their guards) this test process started."""
+    """The live tau2 server processes (not their guards) this test process started."""
     return [p for p in psutil.Process().children(recursive=True)
-            if TAU2_SERVER in " ".join(p.cmdline()) and "_guard.py" not in " ".join(p.cmdline())]
+            if TAU2_SERVER in _cmdline(p) and "_guard.py" not in _cmdline(p)]
+
+
+def _cmdline(p: psutil.Process) -> str:
+    # A server being recycled can be a zombie (or gone) between listing and reading: it is not a live server.
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
 
 
 async def call_log(state_dir: Path, state_key: str) -> list[str]:

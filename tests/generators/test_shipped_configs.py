@@ -443,7 +443,9 @@ def test_simia_sfts_shipped_chain_yields_data_from_seeds_no_model_had_to_solve(r
                                                  r"--output (\S+)", header)
     assert _shipped("simia_sft.yaml")["seeds"] == [seeds_out] and SHIPPED[method] == config
     before = len(runs.bodies())
-    _, demos = runs.run(method, "-seeds")
+    # As shipped the seeds' config has no acting model (its messages are templates): the fixture's fake actor is
+    # replaced by the in-process placeholder, as in the demonstrations test.
+    _, demos = runs.run(method, "-seeds", llm={"backend": "fake", "model": "reference-solution"})
     assert runs.bodies()[before:] == []  # no model was asked anything: the seeds do not depend on it
     seeds = list(Dataset.open(demos).iter_records())
     assert seeds and all(t.success for t in seeds)
