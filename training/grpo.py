@@ -92,6 +92,20 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
     return list(env_reward)
 
 
+def rollout_config(config: dict[str, Any]) -> RolloutConfig:
+    """The rollout config GRPO plays; a bad one raises ValueError with one line naming the fields.
+
+    Every GRPO completion is its own draw k of the rollout method (record id `<task>#<k>`, sampling
+    seed `seed + k`): `samples_per_task` above 1 is what makes the method seed its draws."""
+    from pydantic import ValidationError
+
+    try:
+        return RolloutConfig.model_validate({**config, "method": "rollout", "samples_per_task": 2})
+    except ValidationError as exc:
+        raise ValueError("config: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                                for e in exc.errors())) from None
+
+
 def build_grpo(config: dict[str, Any], base: str, output: Path, cfg: Any, *, model: Any = None,
                tokenizer: Any = None, num_generations: int = 2) -> Any:
     """A GRPOTrainer whose rollouts are episodes of `config` (a rollout config) committed to OUT/rollouts."""
@@ -99,9 +113,7 @@ def build_grpo(config: dict[str, Any], base: str, output: Path, cfg: Any, *, mod
     import torch
     import trl
 
-    # Every GRPO completion is its own draw k of the rollout method (record id `<task>#<k>`, sampling seed
-    # `seed + k`): `samples_per_task` above 1 is what makes the method seed its draws.
-    rollout_cfg = RolloutConfig.model_validate({**config, "method": "rollout", "samples_per_task": 2})
+    rollout_cfg = rollout_config(config)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model is None or tokenizer is None:
         model, tokenizer = load_model(base, device=device, train=True)
@@ -154,6 +166,9 @@ def build_grpo(config: dict[str, Any], base: str, output: Path, cfg: Any, *, mod
 def train_grpo(config: dict[str, Any], base: str, output: str | Path, cfg: Any) -> dict[str, Any]:
     """GRPO on `config`'s environment; the checkpoint in `output`, its rollouts in `output`/rollouts."""
     output = Path(output)
+    rollout_config(config)  # refused before anything is written or loaded
+    if not Path(base).exists():
+        raise ValueError(f"base {base}: no such file or directory")
     try:
         check_output_dir(output, CARD, "a trajforge train output")
     except ForeignDirError as exc:

@@ -60,3 +60,12 @@ def test_a_multi_turn_episode_is_one_completion_with_the_environments_tokens_mas
     trajectory = Trajectory.model_construct(steps=steps)
     assert completion_tokens(trajectory) == ([1, 2], [3, 4, 9, 9, 5], [-0.5, -0.5, 0.0, 0.0, -0.5], [1, 1, 0, 0, 1])
     assert completion_tokens(Trajectory.model_construct(steps=[])) is None and completion_tokens(None) is None
+
+
+def test_a_bad_env_config_is_one_line_and_writes_nothing(tmp_path):
+    config = tmp_path / "env.yaml"
+    config.write_text(yaml.safe_dump({"env": "browser", "max_steps": "many"}))
+    run = CliRunner().invoke(app, ["train", "--objective", "grpo", "--config", str(config), "--base", str(tmp_path),
+                                   "--output", str(tmp_path / "o")])
+    one_error_line(run, "max_steps")
+    assert not (tmp_path / "o").exists()
