@@ -31,7 +31,8 @@ def train(
                                                               "name (qwen2_5_training), a .jinja file.")] = None,
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda where there is one).")] = None,
 ) -> None:
-    """Train a model on an export with exactly the trainer settings its card prescribes; resumable, seeded."""
+    """Train a model on an export with exactly the trainer settings its card prescribes; resumable, seeded.
+    Or GRPO online on an environment (--objective grpo --config ENV_CONFIG)."""
     from training.trainer import TrainConfig, TrainError
     from training.trainer import train as run_train
 
@@ -47,6 +48,8 @@ def train(
         fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
     base_path = resolve_base(base)
     if config is not None:
+        if lora or chat_template:
+            fail("--lora and --chat-template are not for grpo (the config's llm.chat_template sets the template)")
         return _grpo(config, base_path, output, cfg)
     console.print(f"[bold]train[/] {export} on {base_path} -> {output}", highlight=False)
     try:
