@@ -21,13 +21,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from backends.base import template_hash
-from backends.transformers_backend import PrefixCache, TransformersLLM, load_model, resolve_chat_template
+from backends.transformers_backend import PrefixCache, TransformersLLM, load_model
 from generators.base import TaskResult, TaskSpec
 from generators.rollout import Rollout, RolloutConfig
 from schemas.models import Trajectory
@@ -39,16 +37,7 @@ ROLLOUTS = "rollouts"
 
 
 class LiveLLM(TransformersLLM):
-    """The transformers backend over a model object already loaded (the one a trainer is updating)."""
-
-    def __init__(self, config: Any, model: Any, tokenizer: Any):
-        super(TransformersLLM, self).__init__(config)  # LLM's own set-up; the model is not loaded again
-        self.model_path, self.model, self.tokenizer = config.model_path or "live", model, tokenizer
-        self.template = resolve_chat_template(config.chat_template) or tokenizer.chat_template
-        self._stop_ids = self._end_tokens()
-        self._template_hash = template_hash(self.template)
-        self._lock = threading.Lock()
-        self._prefix = PrefixCache()
+    """The transformers backend over the model a trainer is updating (`TransformersLLM(config, (model, tokenizer))`)."""
 
     def weights_changed(self) -> None:
         """The kept attention cache was computed with the old weights."""
@@ -120,7 +109,7 @@ def build_grpo(config: dict[str, Any], base: str, output: Path, cfg: Any, *, mod
     # The config's sampling settings (temperature, max_tokens), over the live model; no response cache: the weights move.
     llm_cfg = rollout_cfg.llm.model_copy(update={"backend": "transformers", "model_path": base, "token_ids": "on",
                                                  "cache_path": None})
-    llm = LiveLLM(llm_cfg, model, tokenizer)
+    llm = LiveLLM(llm_cfg, (model, tokenizer))
     method = _Collecting(rollout_cfg, llm)
     method.results = {}
     task_ids = sorted(method.env_tasks())
