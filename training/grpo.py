@@ -172,6 +172,8 @@ def train_grpo(config: dict[str, Any], base: str, output: str | Path, cfg: Any) 
     trainer.model.save_pretrained(str(output))
     trainer.processing_class.save_pretrained(str(output))
     store.mark_complete(dict(store.unit_counts()))
+    if not store.unit_counts().get("trajectories"):
+        raise ValueError(f"no rollout made a trajectory: every episode failed (the reasons: {output / ROLLOUTS} quarantine)")
     rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
     card = {"objective": "grpo", "output": str(output.resolve()), "base": str(base), "env": config.get("env"),
             "rollouts": ROLLOUTS, "steps": trainer.state.global_step, "train_loss": result.training_loss,

@@ -3,19 +3,34 @@ two GRPO steps, every rollout an episode of the one loop written as a trajectory
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import yaml
 from typer.testing import CliRunner
 
+from envs.browser import env as browser_env
+from envs.browser import miniwob
 from flows.cli import app
 from schemas.store import Dataset
 from tests.cli_errors import one_error_line
 from tests.export import _tiny
 
 
-def test_grpo_trains_two_steps_on_a_miniwob_page_with_its_rollouts_as_trajectories(tmp_path_factory, tmp_path):
+def test_grpo_trains_two_steps_on_a_miniwob_page_with_its_rollouts_as_trajectories(tmp_path_factory, tmp_path,
+                                                                                   monkeypatch):
     model = _tiny.shared_model_dir(tmp_path_factory)
+    # The random model never clicks the button, so the page's reward is always 0. To see that the
+    # reward GRPO trains on is the page evaluation's and nothing else, each real evaluation of the page
+    # is kept (its state, reason, raw reward) with its reward raised by a quarter per episode so far.
+    evaluations, evaluate = [], miniwob.evaluation
+
+    def page_evaluation(state):
+        real = evaluate(state)
+        evaluations.append(dataclasses.replace(real, reward=real.reward + 0.25 * len(evaluations)))
+        return evaluations[-1]
+
+    monkeypatch.setattr(browser_env.miniwob, "evaluation", page_evaluation)
     config = tmp_path / "env.yaml"
     config.write_text(yaml.safe_dump({
         "env": "browser", "env_config": {"observe": ["axtree"], "actions": ["click"]},
@@ -38,9 +53,9 @@ def test_grpo_trains_two_steps_on_a_miniwob_page_with_its_rollouts_as_trajectori
         assert r.details["evaluation"]["reward"] == r.reward and "raw_reward" in r.details["evaluation"]["details"]
         calls = [s.usage.tokens for s in r.steps if s.usage is not None and s.usage.tokens is not None]
         assert calls and calls[0].logprobs  # the live model's own tokens and logprobs, as recorded by the backend
-    # The rewards TRL logged are the episodes' own (the page's evaluation), one mean per step.
-    by_step = [r.reward for r in records]
-    assert card["rewards"] == [sum(by_step[:2]) / 2, sum(by_step[2:]) / 2]
+    # One page evaluation per rollout; TRL's reward for each step is the mean of that step's page evaluations.
+    assert len(evaluations) == 4 and sorted(r.reward for r in records) == [0.0, 0.25, 0.5, 0.75]
+    assert card["rewards"] == [0.125, 0.625]
 
 
 def test_grpo_needs_a_config_and_no_export(tmp_path):
