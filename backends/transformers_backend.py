@@ -135,14 +135,15 @@ class TransformersLLM(LLM):
     local = True  # in process: no bill
     max_parallel = 1  # one generation at a time: the model is shared
 
-    def __init__(self, config: LLMConfig):
+    def __init__(self, config: LLMConfig, loaded: tuple[Any, Any] | None = None):
+        """`loaded`: a (model, tokenizer) already in memory (a trainer's live model) instead of `model_path`'s."""
         super().__init__(config)
         self.model_path = config.model_path or default_model_path()
         if config.n_threads:
             import torch
 
             torch.set_num_threads(config.n_threads)
-        self.model, self.tokenizer = load_model(self.model_path, device=config.device)
+        self.model, self.tokenizer = loaded or load_model(self.model_path, device=config.device)
         self.template = resolve_chat_template(config.chat_template) or self.tokenizer.chat_template
         if not self.template:
             raise ValueError(f"model {self.model_path} has no chat template; set llm.chat_template")

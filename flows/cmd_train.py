@@ -12,11 +12,15 @@ from flows.console import console, fail
 
 
 def train(
-    export: Annotated[Path, typer.Argument(help="An export directory (trl-sft, tokenized, trl-dpo or trl-kto).")],
     base: Annotated[str, typer.Option("--base", help="The model to train: a Hugging Face model directory or a GGUF "
                                                      "file; 'smollm2' for the embedded SmolLM2-135M-Instruct GGUF.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where the checkpoint and its card go.")],
-    objective: Annotated[Optional[str], typer.Option(help="sft, dpo or kto (default: the export's).")] = None,
+    export: Annotated[Optional[Path], typer.Argument(help="An export directory (trl-sft, tokenized, trl-dpo or trl-kto); "
+                                                         "none with --objective grpo.")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="sft, dpo, kto (default: the export's) or grpo "
+                                                         "(online, on --config's environment).")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="grpo: a rollout config (env, tasks, max_steps, "
+                                                                     "llm sampling settings).")] = None,
     lora: Annotated[bool, typer.Option("--lora", help="Train LoRA adapters (merged into the saved model).")] = False,
     epochs: Annotated[float, typer.Option(min=0.0)] = 1.0,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Stop after N optimizer steps.")] = None,
@@ -27,18 +31,26 @@ def train(
                                                               "name (qwen2_5_training), a .jinja file.")] = None,
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda where there is one).")] = None,
 ) -> None:
-    """Train a model on an export with exactly the trainer settings its card prescribes; resumable, seeded."""
+    """Train a model on an export with exactly the trainer settings its card prescribes; resumable, seeded.
+    Or GRPO online on an environment (--objective grpo --config ENV_CONFIG)."""
     from training.trainer import TrainConfig, TrainError
     from training.trainer import train as run_train
 
-    if objective is not None and objective not in ("sft", "dpo", "kto"):
-        fail(f"--objective must be sft, dpo or kto, not {objective!r}")
+    if objective is not None and objective not in ("sft", "dpo", "kto", "grpo"):
+        fail(f"--objective must be sft, dpo, kto or grpo, not {objective!r}")
+    if (objective == "grpo") != (config is not None) or (export is None) == (config is None):
+        fail("give an export, or --objective grpo with --config ENV_CONFIG (and no export)")
     try:
-        cfg = TrainConfig(objective=objective, lora=lora, epochs=epochs, max_steps=max_steps, learning_rate=learning_rate,
+        cfg = TrainConfig(objective=None if objective == "grpo" else objective, lora=lora, epochs=epochs,
+                          max_steps=max_steps, learning_rate=learning_rate,
                           batch_size=batch_size, seed=seed, chat_template=chat_template, device=device)
     except ValidationError as exc:
         fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
     base_path = resolve_base(base)
+    if config is not None:
+        if lora or chat_template:
+            fail("--lora and --chat-template are not for grpo (the config's llm.chat_template sets the template)")
+        return _grpo(config, base_path, output, cfg)
     console.print(f"[bold]train[/] {export} on {base_path} -> {output}", highlight=False)
     try:
         card = run_train(export, base_path, output, cfg, log=lambda m: console.print(m, highlight=False))
@@ -48,6 +60,24 @@ def train(
                   f"{card['steps']} steps, loss {card['train_loss']:.4f}, {card['seconds']:.0f} s: {output}",
                   highlight=False)
     console.print(f"serve it: llm: {{backend: transformers, model_path: {output}}}", highlight=False)
+
+
+def _grpo(config: Path, base: str, output: Path, cfg: object) -> None:
+    from flows.config_file import ConfigFileError, read_mapping
+    from training.grpo import train_grpo
+
+    try:
+        data = read_mapping(config, "config")
+    except ConfigFileError as exc:
+        fail(str(exc))
+    console.print(f"[bold]train grpo[/] on {config} ({data.get('env')}) from {base} -> {output}", highlight=False)
+    try:
+        card = train_grpo(data, base, output, cfg)
+    except (ValueError, ImportError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    console.print(f"trained grpo {card['steps']} steps on {card['rows']} tasks, {card['export']['records']} rollouts "
+                  f"in {output / card['rollouts']}, rewards {card['rewards']}, {card['seconds']:.0f} s: {output}",
+                  highlight=False)
 
 
 def resolve_base(base: str) -> str:
