@@ -210,27 +210,27 @@ class Batch:
         """Per record, whether the check of its simulated user found a broken turn (`details.user_fidelity.ok`
         false: the episode was kept marked, `on_broken: mark`); only details that mention it are parsed."""
         out = np.zeros(len(self), dtype=bool)
-        if "details" not in self.rows.type.names:
-            return out
-        column = self.rows.field("details")
-        rows = np.flatnonzero(pc.fill_null(pc.match_substring(column, '"user_fidelity"'), False)
-                              .to_numpy(zero_copy_only=False) & self.valid)
-        for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
-            fidelity = orjson.loads(text).get("user_fidelity")
+        for r, fidelity in self._details_key("user_fidelity"):
             out[r] = isinstance(fidelity, dict) and fidelity.get("ok") is False
         return out
+
+    def _details_key(self, key: str) -> list[tuple[int, Any]]:
+        """(row, details[key]) of the valid records whose details mention `key`: only those are parsed, the rest
+        of the column is matched as bytes."""
+        if "details" not in self.rows.type.names:
+            return []
+        column = self.rows.field("details")
+        rows = np.flatnonzero(pc.fill_null(pc.match_substring(column, f'"{key}"'), False)
+                              .to_numpy(zero_copy_only=False) & self.valid)
+        return [(r, orjson.loads(text).get(key))
+                for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist())]
 
     @cached_property
     def pair_only(self) -> np.ndarray:
         """Per record, whether it is only a member of a preference pair (`details.pair_only` set)."""
         out = np.zeros(len(self), dtype=bool)
-        if "details" not in self.rows.type.names:
-            return out
-        column = self.rows.field("details")
-        rows = np.flatnonzero(pc.fill_null(pc.match_substring(column, f'"{PAIR_ONLY}"'), False)
-                              .to_numpy(zero_copy_only=False) & self.valid)
-        for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
-            out[r] = bool(orjson.loads(text).get(PAIR_ONLY))
+        for r, value in self._details_key(PAIR_ONLY):
+            out[r] = bool(value)
         return out
 
     @cached_property
@@ -238,13 +238,7 @@ class Batch:
         """Per record, the fallbacks its method took (`details.fallbacks`: what -> what was used instead), for the
         card's counts; only details that mention them are parsed."""
         out: list[dict[str, str]] = [{} for _ in range(len(self))]
-        if "details" not in self.rows.type.names:
-            return out
-        column = self.rows.field("details")
-        rows = np.flatnonzero(pc.fill_null(pc.match_substring(column, f'"{FALLBACKS}"'), False)
-                              .to_numpy(zero_copy_only=False) & self.valid)
-        for r, text in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
-            found = orjson.loads(text).get(FALLBACKS)
+        for r, found in self._details_key(FALLBACKS):
             out[r] = {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
         return out
 
