@@ -30,6 +30,12 @@ def train(
     chat_template: Annotated[Optional[str], typer.Option(help="Chat template to train with and save: a TRL template "
                                                               "name (qwen2_5_training), a .jinja file.")] = None,
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda where there is one).")] = None,
+    gradient_checkpointing: Annotated[Optional[bool], typer.Option(
+        "--gradient-checkpointing/--no-gradient-checkpointing",
+        help="Recompute activations in the backward pass: less memory, slower (default: TRL's, on).")] = None,
+    share_prefix: Annotated[bool, typer.Option(
+        "--share-prefix/--no-share-prefix", help="SFT: run the prefix a batch's rows share once and the LM head "
+                                                 "only on trained tokens (same loss and gradients).")] = True,
 ) -> None:
     """Train a model on an export with exactly the trainer settings its card prescribes; resumable, seeded.
     Or GRPO online on an environment (--objective grpo --config ENV_CONFIG)."""
@@ -43,7 +49,8 @@ def train(
     try:
         cfg = TrainConfig(objective=None if objective == "grpo" else objective, lora=lora, epochs=epochs,
                           max_steps=max_steps, learning_rate=learning_rate,
-                          batch_size=batch_size, seed=seed, chat_template=chat_template, device=device)
+                          batch_size=batch_size, seed=seed, chat_template=chat_template, device=device,
+                          gradient_checkpointing=gradient_checkpointing, share_prefix=share_prefix)
     except ValidationError as exc:
         fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
     base_path = resolve_base(base)
@@ -59,6 +66,9 @@ def train(
     console.print(f"trained {card['objective']} on {card['rows']:,} rows ({card['export']['records']:,} records), "
                   f"{card['steps']} steps, loss {card['train_loss']:.4f}, {card['seconds']:.0f} s: {output}",
                   highlight=False)
+    if (shared := card.get("prefix_sharing")) and shared["batches_with_shared_prefix"]:
+        console.print(f"shared prefixes: {shared['tokens_computed']:,} of {shared['tokens']:,} tokens computed "
+                      f"({shared['saved']:.0%} saved)", highlight=False)
     console.print(f"serve it: llm: {{backend: transformers, model_path: {output}}}", highlight=False)
 
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from backends.transformers_backend import load_model, resolve_chat_template
 from converters.export.guide import TRL_FORMATS, TrainerSettings, trainer_settings
 from schemas.outdir import ForeignDirError, check_output_dir
+from training.shared_prefix import prefix_sharing_sft_trainer
 
 CARD = "train.json"
 RECORD_IDS = "record_ids.txt"
@@ -67,6 +68,9 @@ class TrainConfig(BaseModel):
     device: str | None = Field(None, description="cuda or cpu (default: cuda where there is one)")
     gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
                                                                   "(less memory, slower; default: TRL's, on)")
+    share_prefix: bool = Field(True, description="SFT: run the tokens every row of a batch starts with once, and the LM "
+                                                 "head only where a token is trained (same loss and gradients, less "
+                                                 "work: training/shared_prefix.py)")
     save_steps: int = Field(200, ge=1, description="checkpoint every this many steps (what a killed run resumes from)")
     logging_steps: int = Field(5, ge=1)
 
@@ -168,6 +172,8 @@ def build_trainer(export: Path, base: str, output: Path, cfg: TrainConfig, *, mo
     import trl
 
     config_cls, trainer_cls = getattr(trl, settings.config), getattr(trl, settings.trainer)
+    if settings.objective == "sft" and cfg.share_prefix:
+        trainer_cls = prefix_sharing_sft_trainer(trainer_cls)
     args = config_cls(
         output_dir=str(output / CHECKPOINTS), **settings.kwargs,
         num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1, learning_rate=cfg.lr(),
@@ -264,6 +270,8 @@ def train(export: str | Path, base: str, output: str | Path, cfg: TrainConfig, *
         "train_loss": result.training_loss, "losses": losses, "resumed_from": str(resume) if resume else None,
         "seconds": round(time.time() - started, 1),
     }
+    if (stats := getattr(trainer, "prefix_stats", None)) is not None:
+        out["prefix_sharing"] = stats.as_dict()
     (output / CARD).write_text(json.dumps(out, indent=1, default=str) + "\n", encoding="utf-8")
     (output / "README.md").write_text(model_card(out), encoding="utf-8")
     return out

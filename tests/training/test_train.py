@@ -143,3 +143,50 @@ def test_train_checks_the_chat_template_and_the_exports_data_before_loading_the_
     gone = CliRunner().invoke(app, ["train", str(damaged), "--base", str(data["base"]), "-o", str(tmp_path / "b")])
     line = one_error_line(gone, "no data/ directory", "export it again")
     assert "not trained with TRL" not in line
+
+
+def test_shared_prefix_step_has_trls_loss_and_gradients_on_a_real_batch(data, tmp_path):
+    """The same batch through TRL's own SFT step and through the shared-prefix step: equal loss, gradients and
+    logged metrics, while the rows' common prefix (system prompt, tool list) ran once."""
+    import torch
+
+    steps = {}
+    for share in (False, True):
+        cfg = TrainConfig(max_steps=1, batch_size=4, gradient_checkpointing=False, share_prefix=share)
+        trainer = build_trainer(data["export"], str(data["base"]), tmp_path / str(share), cfg).trainer
+        batch = next(iter(trainer.get_train_dataloader()))
+        model = trainer.model
+        model.train()
+        model.zero_grad()
+        labelled = (batch["labels"][:, 1:] != -100).sum()
+        loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=labelled)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        steps[share] = (batch["input_ids"], loss.detach(), grads, dict(trainer._metrics["train"]),
+                        getattr(trainer, "prefix_stats", None))
+    (ids, loss, grads, metrics, _), (ids2, shared_loss, shared_grads, shared_metrics, stats) = steps[False], steps[True]
+    assert torch.equal(ids, ids2) and ids.shape[0] == 4
+    torch.testing.assert_close(shared_loss, loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shared_grads, grads, rtol=1e-4, atol=1e-6)
+    for name in ("entropy", "mean_token_accuracy", "num_tokens"):
+        assert shared_metrics[name] == pytest.approx(metrics[name], rel=1e-4), name
+    common = int((ids == ids[:1]).all(dim=0).long().cumprod(dim=0).sum())
+    assert stats.shared_batches == 1 and stats.fallbacks == {}
+    assert stats.tokens - stats.computed == 3 * min(common, _first_label(batch)) > 100
+
+
+def _first_label(batch) -> int:
+    return int((batch["labels"] != -100).any(dim=0).nonzero()[0]) - 1
+
+
+def test_train_command_shares_prefixes_and_records_what_it_saved(data, tmp_path):
+    base = ["--base", str(data["base"]), "--max-steps", "2", "--batch-size", "2", "--no-gradient-checkpointing"]
+    shared = CliRunner().invoke(app, ["train", str(data["export"]), "-o", str(tmp_path / "a"), *base])
+    assert shared.exit_code == 0, shared.output
+    card = json.loads((tmp_path / "a" / "train.json").read_text())["prefix_sharing"]
+    assert card["batches"] == card["batches_with_shared_prefix"] == 2 and 0 < card["tokens_computed"] < card["tokens"]
+    assert f"{card['tokens_computed']:,} of {card['tokens']:,} tokens computed" in shared.output
+    plain = CliRunner().invoke(app, ["train", str(data["export"]), "-o", str(tmp_path / "b"), *base, "--no-share-prefix"])
+    assert plain.exit_code == 0 and "prefix_sharing" not in json.loads((tmp_path / "b" / "train.json").read_text())
+    losses = [json.loads((tmp_path / d / "train.json").read_text())["train_loss"] for d in "ab"]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-3)  # two steps of the same training
