@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: demo test bench install clean system-deps
+.PHONY: demo test bench install clean system-deps verifiers
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,8 +57,18 @@ system-deps:
 demo: $(VENV)/.installed-base
 	$(TRAJFORGE) run configs/pipeline_demo.yaml --output $(OUT)
 
-# The tests run the PyPI reference MCP servers from venvs of their own (mcp-server-sqlite needs the
-# mcp SDK 1.x): made once, cached under ~/.cache/trajforge-tests (tests/server_venvs.py).
+# The verifiers adapter (integrations/verifiers) in a venv of its own: verifiers pins mcp==2.0.0 and
+# openai<3, trajforge needs newer ones. Its vf-eval calls trajforge ($(TRAJFORGE)) for tasks and episodes.
+VF_VENV ?= .venv-verifiers
+$(VF_VENV)/.installed: integrations/verifiers/pyproject.toml
+	$(PYTHON) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/python -m pip install -q -e integrations/verifiers
+	touch $@
+
+verifiers: $(VF_VENV)/.installed $(VENV)/.installed-base
+
+# The tests run the PyPI reference MCP servers and verifiers from venvs of their own (mcp-server-sqlite
+# needs the mcp SDK 1.x): made once, cached under ~/.cache/trajforge-tests (tests/server_venvs.py).
 test: $(VENV)/.installed-test
 	$(PY) -m tests.server_venvs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
@@ -70,4 +80,4 @@ bench: $(VENV)/.installed-test
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) $(VF_VENV) out .pytest_cache

@@ -1,4 +1,5 @@
-"""`trajforge envs`: list the environments; `trajforge envs check`: validate one before a run."""
+"""`trajforge envs`: list the environments; `envs check`: validate one before a run; `envs tasks` and
+`envs episode`: a config's tasks and one episode of one, as JSON, for a trainer outside trajforge (verifiers)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,53 @@ def check(
         _print(report, kept)
     if not report.healthy:
         raise typer.Exit(1)
+
+
+@app.command("tasks")
+def tasks_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="A rollout config (env, env_config, tasks, llm).")],
+) -> None:
+    """Print the config's tasks, one JSON object (id, instruction) a line."""
+    from training.episodes import config_tasks
+
+    data = read_config_mapping(config)
+    try:
+        rows = config_tasks(data)
+    except TaskFileError as exc:
+        fail(f"{exc} (tasks of {config})")
+    except (EnvError, ValueError) as exc:
+        fail(f"{config}: {exc}")
+    if not rows:
+        fail(f"{config}: the task source gave no tasks")
+    for row in rows:
+        typer.echo(json.dumps(row))
+
+
+@app.command("episode")
+def episode_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="A rollout config (env, env_config, tasks, llm).")],
+    task: Annotated[str, typer.Option("--task", help="The task id (`trajforge envs tasks`).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="A new dataset directory for the trajectory.")],
+    sample: Annotated[int, typer.Option(min=0, help="The draw: sampling seed = the config's seed + this.")] = 0,
+    base_url: Annotated[Optional[str], typer.Option(help="An OpenAI-compatible endpoint instead of the config's "
+                                                         "model (its sampling settings are kept).")] = None,
+    model: Annotated[str, typer.Option(help="The model name sent to --base-url.")] = "default",
+    api_key_env: Annotated[Optional[str], typer.Option(help="The variable holding --base-url's key.")] = None,
+) -> None:
+    """Play one task once through the rollout method; print the environment's evaluation as JSON."""
+    from training.episodes import play
+
+    data = read_config_mapping(config)
+    if output.exists() and any(output.iterdir()):
+        fail(f"{output}: not empty; an episode writes a new dataset directory")
+    endpoint = (base_url, model, api_key_env) if base_url else None
+    try:
+        result = asyncio.run(play(data, task, output, sample=sample, endpoint=endpoint))
+    except TaskFileError as exc:
+        fail(f"{exc} (tasks of {config})")
+    except (EnvError, ValueError) as exc:
+        fail(f"{config}: {exc}")
+    typer.echo(json.dumps(result))
 
 
 def _kept(scratch: Path, failed: bool) -> Path | None:

@@ -49,7 +49,7 @@ HEAVY_FILES = (
     "viewer/test_viewer_browser.py", "viewer/test_viewer_reports.py", "reliability/test_secret_stages.py",
     "pipelines/test_convert_pipeline.py",
     "generators/test_shipped_configs.py", "cli/test_own_servers.py", "training/test_train.py",
-    "training/test_grpo.py", "envs/test_tau2_domains.py", "envs/test_mcp_content.py",
+    "training/test_grpo.py", "envs/test_tau2_domains.py", "envs/test_mcp_content.py", "training/test_verifiers.py",
 )
 
 

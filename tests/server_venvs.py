@@ -1,7 +1,9 @@
-"""Virtual environments of their own for the PyPI reference MCP servers the tests run.
+"""Virtual environments of their own for the PyPI reference packages the tests run.
 
 `mcp-server-sqlite` is built on the mcp SDK 1.x and cannot live beside trajforge (SDK 2.x); both
-servers run from their own venv, as a user's server would (`server.venv`). Each venv is made once
+servers run from their own venv, as a user's server would (`server.venv`). `verifiers` pins
+mcp==2.0.0 and openai<3: its `vf-eval` runs the adapter (integrations/verifiers, put on its
+PYTHONPATH by the test) from its own venv too, at the version the adapter's pyproject names. Each venv is made once
 and cached, keyed by the packages and the Python version, under `$TRAJFORGE_TEST_CACHE` (default
 `~/.cache/trajforge-tests`), shared by every test run and worker (a file lock guards making it;
 a venv counts as made once its `.complete` stamp is written, so a killed install is made again).
@@ -16,14 +18,20 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from filelock import FileLock
 
-# Pinned: a test must not change because PyPI did. The sqlite server needs the 1.x SDK.
+REPO = Path(__file__).resolve().parents[1]
+VERIFIERS_PROJECT = REPO / "integrations" / "verifiers" / "pyproject.toml"
+
+# Pinned: a test must not change because PyPI did. The sqlite server needs the 1.x SDK; verifiers is
+# the one its adapter's users install (`make verifiers`).
 SERVERS: dict[str, tuple[str, ...]] = {
     "sqlite": ("mcp-server-sqlite==2025.4.25", "mcp<2"),
     "git": ("mcp-server-git==2026.10.19",),
+    "verifiers": tuple(tomllib.loads(VERIFIERS_PROJECT.read_text())["project"]["dependencies"]),
 }
 INSTALL_TIMEOUT_S = 900
 

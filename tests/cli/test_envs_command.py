@@ -203,3 +203,40 @@ def test_envs_check_removes_its_folder_when_healthy_and_keeps_the_logs_where_it_
     (crashed,) = [p for p in check_folders(scratch) if p != kept]
     assert f"(serverlogs:{crashed})" in "".join(output.split())  # a long path wraps
     assert "no database" in "".join(p.read_text() for p in (crashed / "logs" / "mcp").glob("*.log"))
+
+
+# ---- envs tasks / envs episode: what a trainer outside trajforge (the verifiers adapter) calls ------------
+
+ROLLOUT = Path(__file__).resolve().parents[2] / "configs" / "rollout_retail.yaml"
+
+
+def test_envs_tasks_and_one_episode_as_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.fake_server import FakeServer, Rule
+    from tests.generators.test_rollout import RetailScript, _retail_tasks
+
+    result = runner.invoke(app, ["envs", "tasks", "--config", str(ROLLOUT)])
+    assert result.exit_code == 0, result.output
+    tasks = _retail_tasks(2)
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [
+        {"id": t.id, "instruction": t.instruction} for t in tasks]
+    monkeypatch.setenv("EPISODE_KEY", "sk-test")
+    with FakeServer(rules=[Rule(fn=RetailScript(tasks))]) as server:
+        result = runner.invoke(app, ["envs", "episode", "--config", str(ROLLOUT), "--task", tasks[0].id, "--sample", "1",
+                                     "--output", str(tmp_path / "one"), "--base-url", server.base_url,
+                                     "--model", "fake-model", "--api-key-env", "EPISODE_KEY"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout) == {"record": f"rollout/{tasks[0].id}#1", "task": tasks[0].id, "sample": 1,
+                                             "reward": 1.0, "success": True, "reason": "goal state reached",
+                                             "dataset": str(tmp_path / "one")}
+        assert {e["body"].get("seed") for e in server.log if "body" in e} == {1}  # draw 1: the config's seed 0 + 1
+    # Bad input: one line each, no traceback.
+    for args, line in (
+        (["--task", "nope", "--output", str(tmp_path / "two")], "task 'nope' is not one of the config's tasks"),
+        (["--task", tasks[0].id, "--output", str(tmp_path / "one")], "not empty; an episode writes a new dataset"),
+    ):
+        result = runner.invoke(app, ["envs", "episode", "--config", str(ROLLOUT), *args])
+        assert result.exit_code == 1 and line in result.output and "Traceback" not in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: retail\nmax_steps: 0\n")
+    result = runner.invoke(app, ["envs", "tasks", "--config", str(bad)])
+    assert result.exit_code == 1 and "max_steps" in result.output and "Traceback" not in result.output
