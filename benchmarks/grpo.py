@@ -169,7 +169,7 @@ def main() -> None:
     if args.smoke:
         args.pages = args.pages.split(",")[0]
         args.train_seeds, args.test_seeds, args.steps, args.generations, args.batch_size = 1, 1, 1, 2, 2
-        args.sft_train_seeds, args.sft_test_seeds, args.max_tokens = 1, 1, 24
+        args.sft_train_seeds, args.sft_test_seeds = 1, 1
     name = "grpo" + ("_smoke" if args.smoke else "")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="trajforge-grpo-"))
     work.mkdir(parents=True, exist_ok=True)
