@@ -73,6 +73,9 @@ def test_grpo_trains_two_steps_on_a_miniwob_page_with_its_rollouts_as_trajectori
 def test_grpo_needs_a_config_and_no_export(tmp_path):
     run = CliRunner().invoke(app, ["train", "--objective", "grpo", "--base", "x", "--output", str(tmp_path / "o")])
     one_error_line(run, "--objective grpo with --config")
+    run = CliRunner().invoke(app, ["train", str(tmp_path), "--generations", "4", "--base", "x",
+                                   "--output", str(tmp_path / "o")])
+    one_error_line(run, "--generations is for --objective grpo")
 
 
 def test_a_multi_turn_episode_is_one_completion_with_the_environments_tokens_masked():
