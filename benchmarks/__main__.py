@@ -159,6 +159,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("improve", "benchmarks.improve", (), ("--gpu",), timeout_s=3600, full_timeout_s=6 * 3600),
     # Rounds of the model's own data (a warm start on other pages, then rejection sampling): about 45 minutes.
     Benchmark("self_improve", "benchmarks.self_improve", (), (), timeout_s=5400, full_timeout_s=5400),
+    # The improve loop's SFT model (about 22 minutes), then GRPO on three pages with its two evals (target 30 minutes).
+    Benchmark("grpo", "benchmarks.grpo", (), (), timeout_s=5400, full_timeout_s=5400),
 )
 
 

@@ -36,6 +36,9 @@ def train(
     share_prefix: Annotated[bool, typer.Option(
         "--share-prefix/--no-share-prefix", help="SFT: run the prefix a batch's rows share once and the LM head "
                                                  "only on trained tokens (same loss and gradients).")] = True,
+    generations: Annotated[Optional[int], typer.Option(
+        min=2, help="grpo: completions per task, compared within their group (default 2); --batch-size must be a "
+                    "multiple.")] = None,
 ) -> None:
     """Train a model on an export with exactly the trainer settings its card prescribes; resumable, seeded.
     Or GRPO online on an environment (--objective grpo --config ENV_CONFIG)."""
@@ -57,7 +60,9 @@ def train(
     if config is not None:
         if lora or chat_template:
             fail("--lora and --chat-template are not for grpo (the config's llm.chat_template sets the template)")
-        return _grpo(config, base_path, output, cfg)
+        return _grpo(config, base_path, output, cfg, generations or 2)
+    if generations is not None:
+        fail("--generations is for --objective grpo")
     console.print(f"[bold]train[/] {export} on {base_path} -> {output}", highlight=False)
     try:
         card = run_train(export, base_path, output, cfg, log=lambda m: console.print(m, highlight=False))
@@ -72,7 +77,7 @@ def train(
     console.print(f"serve it: llm: {{backend: transformers, model_path: {output}}}", highlight=False)
 
 
-def _grpo(config: Path, base: str, output: Path, cfg: object) -> None:
+def _grpo(config: Path, base: str, output: Path, cfg: object, generations: int) -> None:
     from flows.config_file import ConfigFileError, read_mapping
     from training.grpo import train_grpo
 
@@ -82,10 +87,11 @@ def _grpo(config: Path, base: str, output: Path, cfg: object) -> None:
         fail(str(exc))
     console.print(f"[bold]train grpo[/] on {config} ({data.get('env')}) from {base} -> {output}", highlight=False)
     try:
-        card = train_grpo(data, base, output, cfg)
+        card = train_grpo(data, base, output, cfg, generations=generations)
     except (ValueError, ImportError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    console.print(f"trained grpo {card['steps']} steps on {card['rows']} tasks, {card['export']['records']} rollouts "
+    console.print(f"trained grpo {card['steps']} steps on {card['rows']} tasks ({generations} completions per task), "
+                  f"{card['export']['records']} rollouts "
                   f"in {output / card['rollouts']}, rewards {card['rewards']}, {card['seconds']:.0f} s: {output}",
                   highlight=False)
 

@@ -14,6 +14,11 @@ previous prompt and answer are appended, the environment's tokens between them m
 (`env_mask` 0). A later call whose prompt does not extend it (the history window cut it) ends the
 completion there: what follows is not trained. An episode that produced no trajectory (quarantined)
 or no model call gets an end-of-turn completion and reward None (TRL leaves it out of the group baseline).
+
+Groups: `generations` completions per task (each its own seeded draw), sampled at the config's
+`agent_temperature` or `llm.temperature`, which TRL also divides the logits by when it scores
+them, so the policy it trains is the one that sampled; greedy decoding would make every completion
+of a group alike (no advantage, nothing learnt), so a temperature above 0 is required.
 """
 
 from __future__ import annotations
@@ -95,6 +100,27 @@ def rollout_config(config: dict[str, Any]) -> RolloutConfig:
                                                 for e in exc.errors())) from None
 
 
+def check_groups(rollout_cfg: RolloutConfig, cfg: Any, generations: int) -> None:
+    """Refuse, in one line, settings under which GRPO's groups cannot form or cannot differ."""
+    if generations < 2:
+        raise ValueError(f"--generations {generations}: a group needs at least 2 completions to compare")
+    per_step = cfg.batch_size * cfg.gradient_accumulation_steps
+    if per_step % generations:
+        raise ValueError(f"--batch-size {cfg.batch_size} (x {cfg.gradient_accumulation_steps} accumulation) is not a "
+                         f"multiple of --generations {generations}: a step holds whole groups")
+    temperature = sampling_temperature(rollout_cfg)
+    if not temperature or temperature <= 0:
+        raise ValueError(f"the sampling temperature (agent_temperature or llm.temperature) is {temperature}: GRPO "
+                         "needs sampling (a temperature above 0), else every completion of a group is the same")
+
+
+def sampling_temperature(rollout_cfg: RolloutConfig) -> float | None:
+    """The temperature the agent samples at: `agent_temperature` where set, else the llm's."""
+    if rollout_cfg.agent_temperature is not None:
+        return rollout_cfg.agent_temperature
+    return rollout_cfg.llm.temperature
+
+
 def build_grpo(config: dict[str, Any], base: str, output: Path, cfg: Any, *, model: Any = None,
                tokenizer: Any = None, num_generations: int = 2) -> Any:
     """A GRPOTrainer whose rollouts are episodes of `config` (a rollout config) committed to OUT/rollouts."""
@@ -103,6 +129,7 @@ def build_grpo(config: dict[str, Any], base: str, output: Path, cfg: Any, *, mod
     import trl
 
     rollout_cfg = rollout_config(config)
+    check_groups(rollout_cfg, cfg, num_generations)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model is None or tokenizer is None:
         model, tokenizer = load_model(base, device=device, train=True)
@@ -145,17 +172,23 @@ def build_grpo(config: dict[str, Any], base: str, output: Path, cfg: Any, *, mod
         max_steps=cfg.max_steps or -1, num_train_epochs=cfg.epochs, learning_rate=cfg.lr(), seed=cfg.seed,
         # A step is a batch of episodes: every step's reward is logged.
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=device == "cpu",
-        dataloader_num_workers=0, beta=0.0,
+        dataloader_num_workers=0, beta=0.0, temperature=sampling_temperature(rollout_cfg),
         **({} if cfg.gradient_checkpointing is None else {"gradient_checkpointing": cfg.gradient_checkpointing}))
     data = datasets.Dataset.from_dict({"prompt": task_ids})
     return trl.GRPOTrainer(model=model, reward_funcs=[env_reward], args=args, train_dataset=data,
                            processing_class=tokenizer, rollout_func=rollout_func), store
 
 
-def train_grpo(config: dict[str, Any], base: str, output: str | Path, cfg: Any) -> dict[str, Any]:
+# What TRL logs per step that says how the groups went: the reward's spread, and the share of groups
+# whose completions all got the same reward (they have no advantage: nothing is learnt from them).
+STEP_LOG = ("reward", "reward_std", "frac_reward_zero_std", "loss", "entropy", "completions/mean_length")
+
+
+def train_grpo(config: dict[str, Any], base: str, output: str | Path, cfg: Any, *,
+               generations: int = 2) -> dict[str, Any]:
     """GRPO on `config`'s environment; the checkpoint in `output`, its rollouts in `output`/rollouts."""
     output = Path(output)
-    rollout_config(config)  # refused before anything is written or loaded
+    check_groups(rollout_config(config), cfg, generations)  # refused before anything is written or loaded
     if not Path(base).exists():
         raise ValueError(f"base {base}: no such file or directory")
     try:
@@ -167,17 +200,21 @@ def train_grpo(config: dict[str, Any], base: str, output: str | Path, cfg: Any) 
     output.mkdir(parents=True, exist_ok=True)
     (output / CARD).write_text(json.dumps({"status": "training"}) + "\n", encoding="utf-8")
     started = time.time()
-    trainer, store = build_grpo(config, base, output, cfg)
+    trainer, store = build_grpo(config, base, output, cfg, num_generations=generations)
     result = trainer.train()
     trainer.model.save_pretrained(str(output))
     trainer.processing_class.save_pretrained(str(output))
     store.mark_complete(dict(store.unit_counts()))
     if not store.unit_counts().get("trajectories"):
         raise ValueError(f"no rollout made a trajectory: every episode failed (the reasons: {output / ROLLOUTS} quarantine)")
-    rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
+    logged = [e for e in trainer.state.log_history if "reward" in e]
     card = {"objective": "grpo", "output": str(output.resolve()), "base": str(base), "env": config.get("env"),
             "rollouts": ROLLOUTS, "steps": trainer.state.global_step, "train_loss": result.training_loss,
-            "rewards": rewards, "settings": cfg.model_dump(mode="json"), "seconds": round(time.time() - started, 1),
+            "rewards": [e["reward"] for e in logged],
+            "step_log": [{"step": e.get("step"), **{k: e[k] for k in STEP_LOG if k in e}} for e in logged],
+            "grpo": {k: getattr(trainer.args, k) for k in ("num_generations", "temperature", "beta", "loss_type",
+                                                            "scale_rewards", "learning_rate")},
+            "settings": cfg.model_dump(mode="json"), "seconds": round(time.time() - started, 1),
             "rows": len(trainer.train_dataset), "export": {"records": store.unit_counts().get("trajectories", 0)}}
     (output / CARD).write_text(json.dumps(card, indent=1, default=str) + "\n", encoding="utf-8")
     return card

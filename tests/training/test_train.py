@@ -44,12 +44,13 @@ def test_the_trainers_batches_carry_loss_on_trainable_assistant_tokens_only(data
 def test_train_command_writes_a_checkpoint_with_its_lineage_and_does_not_redo_it(data, tmp_path):
     out = tmp_path / "model"
     args = ["train", str(data["export"]), "--base", str(data["base"]), "--output", str(out), "--max-steps", "2",
-            "--batch-size", "2", "--seed", "7"]
+            "--batch-size", "2", "--seed", "7", "--no-gradient-checkpointing"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     card = json.loads((out / "train.json").read_text())
     exported = json.loads((data["export"] / "card.json").read_text())
     assert card["steps"] == 2 and card["objective"] == "sft" and card["settings"]["seed"] == 7
+    assert card["settings"]["gradient_checkpointing"] is False
     assert card["trl"] == {"config": "SFTConfig", "card_settings": {"assistant_only_loss": True, "max_length": None}}
     assert card["export"]["records"] == exported["counts"]["records_exported"] == 4
     assert len((out / "record_ids.txt").read_text().split()) == 4 and card["base"]["sha256"]
