@@ -381,7 +381,8 @@ def test_cli_export_of_a_tau2_rollout_carries_the_retail_policy_in_every_row(tmp
     config["max_steps"] = 6
     runner = CliRunner()
     with FakeServer(rules=[Rule(fn=Model(_references("mcp")))]) as server:
-        config["llm"] = _llm(server.base_url)
+        # Every model the config sets on the fake server: the judge role too (the embedded GGUF otherwise).
+        config["llm"], config["judge"]["llm"] = _llm(server.base_url), {**_llm(server.base_url), "model": "fake-judge"}
         (tmp_path / "tau2.yaml").write_text(yaml.safe_dump(config))
         made = runner.invoke(app, ["generate", "--method", "rollout", "--config", str(tmp_path / "tau2.yaml"),
                                    "--output", str(tmp_path / "out")], terminal_width=240)
