@@ -36,20 +36,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The files that take longest, longest first (CPU seconds on 2 cores, measured 2026-11-27). `make test`
-# hands whole files to its workers in collection order (`--dist loadfile`), so these start first and the
+# The files that take longest, longest first (CPU seconds on 2 cores, measured 2026-11-27; the first five and the
+# improve report's re-measured one file at a time 2026-11-29, wall (CPU) seconds: improve 110 (77), train_gguf
+# 64 (46), browser_miniwob 61 (31), requests_in_exports 47 (42), browser 38 (18), improve_rounds_report 9 (6)).
+# `make test` hands whole files to its workers in collection order (`--dist loadfile`), so these start first and the
 # rest fill in around them: the workers finish together instead of one running a long file alone at the
 # end. A file not listed keeps its place after them.
 HEAVY_FILES = (
-    "flows/test_improve.py", "generators/test_requests_in_exports.py", "envs/test_browser_miniwob.py",
-    "training/test_train_gguf.py", "envs/test_browser.py",
+    "flows/test_improve.py", "training/test_train_gguf.py", "envs/test_browser_miniwob.py",
+    "generators/test_requests_in_exports.py", "envs/test_browser.py",
     "flows/test_pipeline_flow.py", "flows/test_work_pool.py", "reliability/test_crash_resume.py",
-    "pipelines/test_portable.py", "flows/test_improve_rounds_report.py", "reliability/test_data_safety.py",
+    "pipelines/test_portable.py", "reliability/test_data_safety.py",
     "export/test_loss_share.py", "flows/test_pipeline_decontam.py", "flows/test_agent_r.py",
     "viewer/test_viewer_browser.py", "viewer/test_viewer_reports.py", "reliability/test_secret_stages.py",
     "pipelines/test_convert_pipeline.py",
     "generators/test_shipped_configs.py", "cli/test_own_servers.py", "training/test_train.py",
     "training/test_grpo.py", "envs/test_tau2_domains.py", "envs/test_mcp_content.py", "training/test_verifiers.py",
+    "flows/test_improve_rounds_report.py",
 )
 
 

@@ -14,7 +14,9 @@ import time
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from flows.cli import app
 from flows.improve_checks import ImproveError, check_tasks
 from flows.improve_config import ImproveConfig
 from schemas.store import Dataset
@@ -34,6 +36,12 @@ def _run(config, prefect_harness, *extra):
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "flows.cli", "improve", str(config), *extra], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def _run_here(config):
+    """`trajforge improve` in this process, through the CLI's app, on the session's Prefect harness: a run whose
+    process is not what the test is about (a process of its own would spend seconds on imports alone)."""
+    return CliRunner().invoke(app, ["improve", str(config)])
 
 
 def _llm(model) -> dict:
@@ -90,8 +98,8 @@ def test_improve_with_a_training_hook_resumes_and_refuses_overlapping_tasks(pref
             "train": {"command": f"{sys.executable} {hook} {{base}} {{output}}"}}
     config = tmp_path / "improve.yaml"
     config.write_text(yaml.safe_dump(base))
-    run = _run(config, prefect_harness)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = _run_here(config)
+    assert run.exit_code == 0, run.output[-3000:] + repr(run.exception)
     out = tmp_path / "out"
     seen = json.loads((out / "train-hook.log").read_text().strip().splitlines()[-1])
     assert seen["TRAJFORGE_EXPORT"] == str(out / "data" / "export" / "train-data-trl-sft")
@@ -99,9 +107,9 @@ def test_improve_with_a_training_hook_resumes_and_refuses_overlapping_tasks(pref
     report = json.loads((out / "report.json").read_text())
     assert report["lineage"]["model"]["command"].endswith("{base} {output}")
     assert report["after"]["model"].endswith(f"({out / 'model'})") and report["before"]["split"] == "none"
-    again = _run(config, prefect_harness)
-    assert again.returncode == 0 and again.stdout.count("skipped") >= 4, again.stdout[-3000:]
-    assert "hook:" not in again.stdout  # the hook is not run again
+    again = _run_here(config)
+    assert again.exit_code == 0 and again.output.count("skipped") >= 4, again.output[-3000:] + repr(again.exception)
+    assert "hook:" not in again.output  # the hook is not run again
     overlapping = ImproveConfig.model_validate({**base, "generate": {"method": "demonstrations",
                                                                      "tasks": {"n": 3, "seed": 0}}})
     with pytest.raises(ImproveError, match="the generation tasks include 2 of the 2 test tasks"):
@@ -137,8 +145,8 @@ def test_improve_rounds_resume_after_a_kill_between_rounds(prefect_harness, tmp_
     done = [out / "eval-baseline" / "eval.json", out / "round-0" / "model" / "train.json",
             out / "round-0" / "eval" / "eval.json"]
     stamps = [p.stat().st_mtime_ns for p in done]
-    run = _run(config, prefect_harness)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = _run_here(config)  # the resume
+    assert run.exit_code == 0, run.output[-3000:] + repr(run.exception)
     assert [p.stat().st_mtime_ns for p in done] == stamps  # no finished stage was done again
     draws = list(Dataset.open(out / "round-1" / "data" / "generate" / "rollout").iter_records())
     assert sorted(d.id for d in draws) == ["rollout/miniwob/click-button/0#0", "rollout/miniwob/click-button/0#1"]

@@ -15,7 +15,10 @@ import time
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from flows import cmd_improve
+from flows.cli import app
 from flows.improve_config import ImproveConfig
 from flows.improve_rounds import Round, pass_at_k_of, round_figures, write_rounds
 from tests.conftest import REPO
@@ -31,22 +34,16 @@ def _config(tmp_path, **over) -> dict:
             "max_steps": 1, "rounds": 2, **over}
 
 
-def _improve(tmp_path, data: dict, *extra: str) -> subprocess.CompletedProcess:
-    config = tmp_path / "improve.yaml"
-    config.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("PREFECT_API_URL", None)  # nothing may reach Prefect: the checks come first
-    return subprocess.run([sys.executable, "-m", "flows.cli", "improve", str(config), *extra], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.parametrize("case, expected", [
+REFUSALS = [
     ("no-base", "base {tmp}/missing: no such file or directory"),
     ("overlap", "the generation tasks include 1 of the 1 test tasks"),
     ("oracle", "reference solutions (demonstrations) on 2 task(s) of the measured groups (miniwob/click-button/0"),
     ("foreign-output", "{tmp}/mine: not empty (notes.txt) and not an improve output (no _state/)"),
-])
-def test_improve_refuses_a_bad_config_in_one_line_before_prefect_starts(tmp_path, case, expected):
+]
+
+
+def _refused_args(tmp_path, case: str) -> list[str]:
+    """The `improve` arguments of a refusal case: its config written, `--output` for the foreign output."""
     data = _config(tmp_path)
     extra: list[str] = []
     if case == "no-base":
@@ -61,16 +58,46 @@ def test_improve_refuses_a_bad_config_in_one_line_before_prefect_starts(tmp_path
         mine.mkdir()
         (mine / "notes.txt").write_text("mine")
         extra = ["--output", str(mine)]
-    started = time.time()
-    run = _improve(tmp_path, data, *extra)
-    assert run.returncode == 1, run.stdout + run.stderr
-    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    config = tmp_path / "improve.yaml"
+    config.write_text(yaml.safe_dump(data))
+    return ["improve", str(config), *extra]
+
+
+def _assert_refused(tmp_path, case: str, expected: str, exit_code: int, output: str) -> None:
+    assert exit_code == 1, output
+    lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1 and expected.format(tmp=tmp_path) in lines[0], lines
-    assert time.time() - started < 60  # no Prefect server was started (15 s and more)
     out = tmp_path / ("mine" if case == "foreign-output" else "out")
     assert not (out / "_prefect").exists() and not (out / "_pipeline.lock").exists() and not (out / "_state").exists()
     if case == "foreign-output":
         assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+# In-process through the CLI's own entry (a process each would spend its seconds on imports); the process the
+# user starts is the next test's.
+@pytest.mark.parametrize("case, expected", REFUSALS)
+def test_improve_refuses_a_bad_config_in_one_line_before_prefect_starts(tmp_path, monkeypatch, case, expected):
+    def prefect_set_up(home):
+        raise AssertionError(f"Prefect set up ({home}) before the checks refused")
+
+    monkeypatch.setattr(cmd_improve, "prefect_defaults", prefect_set_up)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # nothing may reach Prefect: the checks come first
+    run = CliRunner().invoke(app, _refused_args(tmp_path, case))
+    assert run.exception is None or isinstance(run.exception, SystemExit), repr(run.exception)
+    _assert_refused(tmp_path, case, expected, run.exit_code, run.output)
+
+
+def test_the_improve_process_refuses_in_one_line_on_stdout_and_stderr(tmp_path):
+    """What only a process of its own shows: nothing else on stdout or stderr (an import's warning, a log
+    line), exit status 1, and no Prefect server started (15 s and more)."""
+    case, expected = REFUSALS[1]  # past the cheap checks: the generation methods and task sources imported
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("PREFECT_API_URL", None)
+    started = time.time()
+    run = subprocess.run([sys.executable, "-m", "flows.cli", *_refused_args(tmp_path, case)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    _assert_refused(tmp_path, case, expected, run.returncode, run.stdout + run.stderr)
+    assert time.time() - started < 60
 
 
 def _eval(tmp_path, name: str, passed: list[float]) -> dict:

@@ -128,7 +128,9 @@ def _llm(base_url: str) -> dict[str, Any]:
 def _config(method: str, world: str, inputs: Path | None) -> dict[str, Any]:
     base = {**WORLDS[world], "tasks": {**WORLDS[world]["tasks"], "n": 1 if world == "browser" else 2},
             "concurrency": 2, "unit_tasks": 1, "seed": 0}
-    search = {"iterations": 2, "generations": 2, "max_depth": 6}
+    # Two iterations on the retail server reach tree nodes two proposals deep; on pages (each restore a replay in a
+    # fresh context, the slowest run here) one gives a solved and a failed path, their splice and revisions.
+    search = {"iterations": 2 if world == "mcp" else 1, "generations": 2, "max_depth": 6}
     configs: dict[str, dict[str, Any]] = {
         "rollout": {**base, "max_steps": 8},
         "mcts_splice": {**base, "search": search, "max_steps": 8, "verifier": "divergence"},
@@ -381,7 +383,8 @@ def test_cli_export_of_a_tau2_rollout_carries_the_retail_policy_in_every_row(tmp
     config["max_steps"] = 6
     runner = CliRunner()
     with FakeServer(rules=[Rule(fn=Model(_references("mcp")))]) as server:
-        config["llm"] = _llm(server.base_url)
+        # Every model the config sets on the fake server: the judge role too (the embedded GGUF otherwise).
+        config["llm"], config["judge"]["llm"] = _llm(server.base_url), {**_llm(server.base_url), "model": "fake-judge"}
         (tmp_path / "tau2.yaml").write_text(yaml.safe_dump(config))
         made = runner.invoke(app, ["generate", "--method", "rollout", "--config", str(tmp_path / "tau2.yaml"),
                                    "--output", str(tmp_path / "out")], terminal_width=240)

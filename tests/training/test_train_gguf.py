@@ -14,13 +14,17 @@ from typer.testing import CliRunner
 
 from converters.export import ExportConfig, export
 from flows.cli import app
+from schemas.models import MessageAction, TextObservation, Trajectory
 from tests.export import _data
 
 pytestmark = [pytest.mark.trl, pytest.mark.local_llm]
 
 
 def test_train_the_embedded_gguf_for_one_step_through_the_cli(tmp_path):
-    src = _data.store(tmp_path / "src", [_data.tool_traj()])
+    # A two-message record: the step's cost grows with the row's tokens, and what is tested is the base.
+    hello = Trajectory(id="t-hello", source="hand", steps=[TextObservation(content="Hello?", source="user"),
+                                                           MessageAction(content="Hello! How can I help?")])
+    src = _data.store(tmp_path / "src", [hello])
     export(src, tmp_path / "sft", ExportConfig(format="trl-sft"))
     out = tmp_path / "model"
     result = CliRunner().invoke(app, ["train", str(tmp_path / "sft"), "--base", "smollm2", "-o", str(out),
