@@ -111,7 +111,7 @@ def main() -> None:
     started = time.perf_counter()
     cpu_before = _children_cpu()
     with LoadSampler() as load:
-        run_improve(path, name)
+        loop = run_improve(path, name)
         report = json.loads((out / "report.json").read_text())
         rounds = {r["round"]: r for r in report["rounds"]}
         first, last = rounds[0], rounds[max(rounds)]
@@ -138,6 +138,7 @@ def main() -> None:
             note=f"load average {min(loads):.1f}-{max(loads):.1f} (mean {sum(loads) / len(loads):.1f}) on "
                  f"{os.cpu_count()} cores"),
         row("CPU time of the run (user + sys, all its processes)", cpu, "s"),
+        row("peak memory of the loop (largest process)", loop.peak_rss_gb, "GB"),
     ]
     per_round = [{k: r[k] for k in ("round", "pass@1", "vs_baseline", "vs_previous", "train_pass_at_k", "rows",
                                     "stage_seconds", "trains_from")} for r in report["rounds"]]
