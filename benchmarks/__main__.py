@@ -155,8 +155,10 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("decontam", "benchmarks.decontam", ("--records", "50000"), ("--records", "500000")),
     # Rules alone on the quick run; --full adds the embedded SmolLM2 as the judge (about 11 minutes on 2 cores).
     Benchmark("user_fidelity", "benchmarks.user_fidelity", (), ("--embedded",)),
-    # The whole eval -> demonstrations -> SFT -> eval loop on SmolLM2-135M: about half an hour on 2 cores.
+    # The whole eval -> demonstrations -> SFT -> eval loop on SmolLM2-135M: about a quarter of an hour on 2 cores.
     Benchmark("improve", "benchmarks.improve", (), ("--gpu",), timeout_s=3600, full_timeout_s=6 * 3600),
+    # One SFT step of that loop three ways (TRL's, shared prefix, shared prefix + LoRA): about 15 minutes.
+    Benchmark("train_step", "benchmarks.train_step", (), (), timeout_s=3600, full_timeout_s=3600),
     # Rounds of the model's own data (a warm start on other pages, then rejection sampling): about 45 minutes.
     Benchmark("self_improve", "benchmarks.self_improve", (), (), timeout_s=5400, full_timeout_s=5400),
     # The improve loop's SFT model (about 22 minutes), then GRPO on three pages with its two evals (target 30 minutes).
