@@ -131,3 +131,12 @@ def test_round_figures_on_scripted_outcomes(tmp_path):
     assert "| 2 |  | 0 | n/a | 100.0% | +100.0 [+100.0, +100.0] | +50.0 [" in md and "Trains from: **base**" in md
     assert (tmp_path / "out" / "plots" / "rounds.png").stat().st_size > 1000
     json.dumps(figures)  # report.json takes them as they are
+
+
+def test_rounds_default_to_rejection_sampling_at_temperature_one(tmp_path):
+    """With rounds and no generate, each round samples 6 draws per task at temperature 1 (at 0.7 a warm-started
+    model made the same call on every draw of many tasks: docs/benchmarks.md, self_improve)."""
+    cfg = ImproveConfig.model_validate(_config(tmp_path))
+    assert cfg.generate == {"method": "rollout", "samples_per_task": 6, "agent_temperature": 1.0}
+    entries = cfg.generate_entries(1, cfg.llm)
+    assert [(e["method"], e["samples_per_task"], e["agent_temperature"]) for e in entries] == [("rollout", 6, 1.0)]
