@@ -18,7 +18,7 @@ The loss is TRL's: summed negative log-likelihood over label tokens, divided by 
 as TRL logs them. Where the arithmetic is not provably the same, the step falls back to TRL's own: a
 padding-free or packed batch, gradient checkpointing (no cache then), dropout (one mask would be shared
 by all rows), scaled or soft-capped logits, label smoothing, a custom loss, MoE auxiliary losses.
-tests/training/test_shared_prefix.py holds loss and gradients equal to TRL's on a real batch.
+tests/training/test_train.py holds loss, gradients and metrics equal to TRL's on a real batch.
 """
 
 from __future__ import annotations
