@@ -36,23 +36,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The files that take longest, longest first (CPU seconds on 2 cores, measured 2026-11-27; the first five and the
-# improve report's re-measured one file at a time 2026-11-29, wall (CPU) seconds: improve 110 (77), train_gguf
-# 64 (46), browser_miniwob 61 (31), requests_in_exports 47 (42), browser 38 (18), improve_rounds_report 9 (6)).
+# The files that take longest, longest first: wall seconds of each file in a full `make test` run (3 workers on
+# 2 cores, 2026-11-29; the top five: improve 142, requests_in_exports 94, crash_resume 92, browser_miniwob 82,
+# portable 82; every file listed took 12 s or more).
 # `make test` hands whole files to its workers in collection order (`--dist loadfile`), so these start first and the
 # rest fill in around them: the workers finish together instead of one running a long file alone at the
 # end. A file not listed keeps its place after them.
 HEAVY_FILES = (
-    "flows/test_improve.py", "training/test_train_gguf.py", "envs/test_browser_miniwob.py",
-    "generators/test_requests_in_exports.py", "envs/test_browser.py",
-    "flows/test_pipeline_flow.py", "flows/test_work_pool.py", "reliability/test_crash_resume.py",
-    "pipelines/test_portable.py", "reliability/test_data_safety.py",
-    "export/test_loss_share.py", "flows/test_pipeline_decontam.py", "flows/test_agent_r.py",
-    "viewer/test_viewer_browser.py", "viewer/test_viewer_reports.py", "reliability/test_secret_stages.py",
-    "pipelines/test_convert_pipeline.py",
-    "generators/test_shipped_configs.py", "cli/test_own_servers.py", "training/test_train.py",
-    "training/test_grpo.py", "envs/test_tau2_domains.py", "envs/test_mcp_content.py", "training/test_verifiers.py",
-    "flows/test_improve_rounds_report.py",
+    "flows/test_improve.py", "generators/test_requests_in_exports.py", "reliability/test_crash_resume.py",
+    "envs/test_browser_miniwob.py", "pipelines/test_portable.py", "flows/test_pipeline_flow.py",
+    "flows/test_work_pool.py", "training/test_verifiers.py", "envs/test_browser.py",
+    "pipelines/test_convert_pipeline.py", "cli/test_own_servers.py", "flows/test_agent_r.py",
+    "generators/test_ui_simulator_pages.py", "training/test_train.py", "training/test_train_gguf.py",
+    "generators/test_shipped_configs.py", "export/test_loss_share.py", "export/test_export_run.py",
+    "generators/test_browser_methods.py", "export/test_token_truth.py", "export/test_trl_trainers.py",
+    "export/test_trl_search_exports.py", "cli/test_envs_command.py", "backends/test_llamacpp.py",
+    "generators/test_simia_sft.py", "flows/test_improve_rounds_report.py", "envs/test_mcp.py",
+    "filters/test_user_fidelity.py", "backends/test_scoring.py", "training/test_grpo.py",
+    "generators/test_step_verify.py", "schemas/test_store.py", "envs/test_tau2_domains.py",
+    "backends/test_endpoints.py", "viewer/test_viewer_browser.py", "converters/test_cli_samples.py",
+    "converters/test_atif.py", "envs/test_sandbox.py",
 )
 
 
