@@ -47,7 +47,7 @@ from envs.browser.actions import FINAL_ANSWER, NAVIGATIONS, TOOL_SPECS, ActionFa
 from envs.browser.chromium import SharedBrowser, close_idle_browsers, find_chromium, shared_browser
 from envs.browser.egress import Egress
 from envs.browser.page import AFTER_ACTION_JS, WATCH_POPUPS_JS, axtree_text, cap_html, mark_elements
-from envs.browser.server import serve_directory
+from envs.browser.server import served_target, stable_base
 from envs.browser.solvers import Solver, find_solver
 from envs.episode_files import episode_dir
 from envs.tasks import resolve_path
@@ -236,12 +236,12 @@ class BrowserEnv(Environment):
 
     def _start_url(self, task: Task) -> str:
         if miniwob.is_miniwob(task):
-            return serve_directory(miniwob.html_dir()) + miniwob.page_path(task)
+            return stable_base(miniwob.html_dir(), "miniwob") + miniwob.page_path(task)
         start = task.params.get("start_url")
         if not isinstance(start, str) or not start:
             raise EnvError(f"task {task.id}: no start page (params.miniwob or params.start_url)")
         if not urlsplit(start).scheme:
-            base = self.base_url or (serve_directory(resolve_path(self.site_dir)) if self.site_dir else None)
+            base = self.base_url or (stable_base(resolve_path(self.site_dir)) if self.site_dir else None)
             if base is None:
                 raise EnvError(f"task {task.id}: start_url {start!r} is relative; set env_config.base_url or site_dir")
             start = urljoin(base if base.endswith("/") else base + "/", start.lstrip("/"))
@@ -255,7 +255,8 @@ class BrowserEnv(Environment):
         try:
             reason = await self._egress.check(request.url) if self._egress is not None else None
             if reason is None:
-                await route.continue_()
+                target = served_target(request.url)  # a served folder's stable origin: on to its server
+                await (route.continue_(url=target) if target is not None else route.continue_())
                 return
             main = request.is_navigation_request() and self._page is not None and request.frame == self._page.main_frame
             self._blocked.append((request.url, reason, main))

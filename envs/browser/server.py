@@ -3,6 +3,11 @@
 MiniWoB++'s pages and a site shipped as files (`env_config.site_dir`) are served this way; the
 server runs in a daemon thread, so it needs no event loop and ends with the process.
 
+Episodes open them at a stable origin, `http://NAME.localhost/` (`stable_base`), which the browser
+environment's request route sends on to the server (`served_target`). The port changes from run
+to run; the page's URL is in what the model reads, so with the port in it the same task would be a
+different prompt each run: a greedy eval would not repeat itself and no response cache would answer.
+
 Text is sent with the charset it is in: the one a file declares (a byte-order mark, an HTML
 `<meta charset>` in its first 1024 bytes, a CSS `@charset`, an XML declaration), else UTF-8. Without
 one, browsers decode a page as windows-1252 and every non-ASCII character comes out wrong
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 _SERVERS: dict[Path, ThreadingHTTPServer] = {}
+_STABLE: dict[str, str] = {}  # stable base -> the base of the server behind it
 _LOCK = threading.Lock()
 _TEXT_TYPES = ("application/javascript", "application/json", "application/xml", "image/svg+xml",
                "application/xhtml+xml")
@@ -83,3 +89,26 @@ def serve_directory(directory: str | Path) -> str:
             _SERVERS[root] = server
     host, port = server.server_address[:2]
     return f"http://{host}:{port}/"
+
+
+def stable_base(directory: str | Path, name: str | None = None) -> str:
+    """The base URL episodes open `directory` at: `http://NAME.localhost/`, the same in every run.
+
+    NAME defaults to the folder's name as a host label; another folder under the same name in this
+    process gets `NAME-2`, and so on."""
+    real = serve_directory(directory)
+    label = re.sub(r"[^a-z0-9-]+", "-", (name or Path(directory).resolve().name).lower()).strip("-")[:50] or "site"
+    with _LOCK:
+        base, n = f"http://{label}.localhost/", 2
+        while _STABLE.get(base, real) != real:
+            base, n = f"http://{label}-{n}.localhost/", n + 1
+        _STABLE[base] = real
+    return base
+
+
+def served_target(url: str) -> str | None:
+    """The URL on the local server behind `url` when it is under a stable base, else None."""
+    for base, real in _STABLE.items():
+        if url.startswith(base):
+            return real + url[len(base):]
+    return None

@@ -4,6 +4,8 @@ envs-check run of configs/browser_miniwob.yaml (reference solutions pass, doing 
 from __future__ import annotations
 
 import json
+import re
+import tempfile
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -13,6 +15,8 @@ import yaml
 from envs.base import EnvError, Task, checkpoint, restore
 from envs.browser.env import BrowserEnv
 from envs.browser.miniwob import MAX_TIMEOUT_MS
+from envs.browser.miniwob import html_dir as miniwob_html_dir
+from envs.browser.server import served_target, stable_base
 from envs.browser.solvers import SOLVERS, parse_axtree
 from envs.spec import EnvFactory, EnvSpec
 from envs.tasks import TaskFileError, TaskSourceConfig, held_out_tasks, load_tasks
@@ -90,6 +94,27 @@ async def test_reward_is_the_pages_own_mapped_to_0_1(env: BrowserEnv, tasks: dic
     assert (await env.step(ApiAction(function="click", arguments={"bid": right}))).done
     solved = await env.evaluate()
     assert (solved.reward, solved.success) == (1.0, True) and solved.details["raw_reward"] == 1.0
+
+
+async def test_pages_open_at_an_origin_that_is_the_same_every_run(env: BrowserEnv, tasks: dict[str, Task]) -> None:
+    """The local server's port changes from run to run; the URL the model reads must not, or the same task
+    would be another prompt in each run (a greedy eval would not repeat itself, no cache would answer)."""
+    task = tasks["miniwob/click-test/3"]
+    [page] = [o for o in await env.reset(task) if o.kind == "web"]
+    assert page.url == "http://miniwob.localhost/miniwob/click-test.html"
+    served = served_target(page.url)
+    assert served is not None and re.fullmatch(r"http://127\.0\.0\.1:\d+/miniwob/click-test\.html", served)
+    # Sub-resources come from the same server: the page's own script runs and rewards a click.
+    button = next(n.bid for n in parse_axtree(page.axtree or "") if n.role == "button")
+    assert (await env.step(ApiAction(function="click", arguments={"bid": button}))).done
+    assert (await env.evaluate()).success
+    # Another folder of the same name gets its own origin; a URL outside every served folder maps to nothing.
+    with tempfile.TemporaryDirectory() as other:
+        twin = Path(other) / "html"
+        twin.mkdir()
+        assert stable_base(twin, "miniwob") == "http://miniwob-2.localhost/"
+    assert stable_base(miniwob_html_dir(), "miniwob") == "http://miniwob.localhost/"
+    assert served_target("http://example.com/miniwob/click-test.html") is None
 
 
 async def test_replay_of_a_prefix_gives_the_same_page(env: BrowserEnv, tasks: dict[str, Task]) -> None:
