@@ -43,7 +43,9 @@ def test_config_rejects_endpoints_with_base_url_or_a_local_backend():
 
 
 def test_requests_spread_by_free_capacity_and_weight(fake_server):
-    small, big = fake_server(latency=0.05, capacity=2), fake_server(latency=0.05, capacity=8)
+    # 0.2 s per answer: the servers' time, not the client's own per-request work, sets who is free first, on a
+    # loaded machine too (at 0.05 s a full parallel test run once split 27/73 instead of about 20/80).
+    small, big = fake_server(latency=0.2, capacity=2), fake_server(latency=0.2, capacity=8)
 
     async def go(cfg):
         async with make_llm(cfg) as llm:
