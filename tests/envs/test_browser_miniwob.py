@@ -14,8 +14,7 @@ import yaml
 
 from envs.base import EnvError, Task, checkpoint, restore
 from envs.browser.env import BrowserEnv
-from envs.browser.miniwob import MAX_TIMEOUT_MS
-from envs.browser.miniwob import html_dir as miniwob_html_dir
+from envs.browser.miniwob import MAX_TIMEOUT_MS, html_dir
 from envs.browser.server import served_target, stable_base
 from envs.browser.solvers import SOLVERS, parse_axtree
 from envs.spec import EnvFactory, EnvSpec
@@ -113,7 +112,7 @@ async def test_pages_open_at_an_origin_that_is_the_same_every_run(env: BrowserEn
         twin = Path(other) / "html"
         twin.mkdir()
         assert stable_base(twin, "miniwob") == "http://miniwob-2.localhost/"
-    assert stable_base(miniwob_html_dir(), "miniwob") == "http://miniwob.localhost/"
+    assert stable_base(html_dir(), "miniwob") == "http://miniwob.localhost/"
     assert served_target("http://example.com/miniwob/click-test.html") is None
 
 

@@ -144,7 +144,8 @@ def test_mcts_splice_on_miniwob_splices_the_bad_path_onto_the_good_one(search: d
     # The verifier read the pages of the failed path, not a placeholder.
     (verify,) = [b for b in search["log"] if b.get("response_format")]
     prompt = text_of(verify["messages"][-1])
-    assert "SEEN: page http://miniwob.localhost/miniwob/login-user.html" in prompt and "button 'Login'" in prompt and "SEEN: web" not in prompt
+    assert "SEEN: page http://miniwob.localhost/miniwob/login-user.html" in prompt
+    assert "button 'Login'" in prompt and "SEEN: web" not in prompt
 
 
 def test_mcts_splice_on_miniwob_makes_dpo_pairs_and_counts_replays(search: dict[str, Any]) -> None:

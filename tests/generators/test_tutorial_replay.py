@@ -4,11 +4,10 @@ with their reasons. Plus the start-page rules, the config's refusals and the sim
 
 from __future__ import annotations
 
-import re
-
 import asyncio
 import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 

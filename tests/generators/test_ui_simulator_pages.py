@@ -188,7 +188,8 @@ def test_grow_on_the_browser_falls_back_to_the_success_rate(shop: dict[str, Any]
     assert len(variants) == 4 and all(t.details["original_instruction"] == SCARF for t in variants)
     for t in variants:
         assert t.provenance.parent_ids == ["round-0000/t1"] and t.details["grow"]["success_rate"] == 0.75
-        assert t.steps[1].content == "Tell me what the green scarf costs." and re.fullmatch(r"http://[a-z0-9-]+\.localhost/", t.steps[2].url)
+        assert t.steps[1].content == "Tell me what the green scarf costs."
+        assert re.fullmatch(r"http://[a-z0-9-]+\.localhost/", t.steps[2].url)
 
 
 def test_the_real_pages_are_recorded_to_a_state_store(shop: dict[str, Any]) -> None:
