@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from backends.balancer import Balancer, EndpointState
 from backends.cache import ResponseCache, request_digest, sample_key
 from backends.config import LLMConfig
-from backends.errors import REFUSED, BackendError, CapabilityError, LLMRequestError
+from backends.errors import REFUSED, BackendError, CapabilityError, EngineCrashed, LLMRequestError
 from backends.jsonrepair import extract_json
 from backends.ledger import FailureLedger
 from backends.limiter import AdaptiveLimiter, backoff_delay
@@ -394,7 +394,7 @@ class LLM(ABC):
                 try:
                     async with asyncio.timeout(cfg.request_timeout_s):
                         value = await call(ep.index)
-                except CapabilityError:
+                except (CapabilityError, EngineCrashed):
                     self.balancer.released(ep)
                     raise
                 except Exception as exc:

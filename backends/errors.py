@@ -64,3 +64,9 @@ class CapabilityError(Exception):
 
     Not a transient failure: never retried, never ledgered; callers fall back and say so.
     """
+
+
+class EngineCrashed(Exception):
+    """A local engine's process died (a crash in its native code) and did so again when restarted: no later request
+    can succeed, so the run stops here, in one line, with its finished work kept for a re-run to resume. Never
+    retried by the backend's retry loop, never quarantined as one task's failure."""

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from backends.errors import EngineCrashed
 from filters.base import Filter, FilterConfigError, FilterFactory, JudgeFailed, build_filter, is_async
 from schemas.models import Trajectory
 
@@ -81,6 +82,8 @@ class Chain:
                 d = (await f.decide(current)) if is_async(f) else f.decide(current)  # type: ignore[misc]
             except JudgeFailed as exc:
                 return Outcome("quarantined", current, f.name, str(exc), stage="judge")
+            except EngineCrashed:  # the judge's engine died: the run stops, resumable
+                raise
             except Exception as exc:
                 return Outcome("quarantined", current, f.name, f"{f.name}: {type(exc).__name__}: {exc}", stage="filter")
             if not d.keep:

@@ -97,6 +97,16 @@ class LazyGroup(TyperGroup):
             self.commands[args[0]] = load(args[0])
         return super().resolve_command(ctx, args)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        from backends.errors import EngineCrashed
+
+        try:
+            return super().invoke(ctx)
+        except EngineCrashed as exc:  # from any command that ran the embedded model: one line, resumable
+            from flows.console import fail
+
+            fail(str(exc))
+
 
 app = typer.Typer(
     name="trajforge",

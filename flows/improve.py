@@ -41,6 +41,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from backends.config import LLMConfig
+from flows.fatal import quiet_fatal_tracebacks, retry_unless_fatal
 from flows import console as term
 from flows.hooks import HookError, run_hook
 from flows.improve_checks import STATE_DIR, ImproveError, TaskPlan, check_base, preflight
@@ -91,7 +92,8 @@ def _task(name: str):
     # log_prints off: libraries print on purpose into captured stdout (dill disassembles the functions datasets
     # hashes), which Prefect would log line by line.
     def deco(fn):
-        return task(name=name, cache_policy=NO_CACHE, persist_result=False, log_prints=False)(fn)
+        return task(name=name, cache_policy=NO_CACHE, persist_result=False, log_prints=False,
+                    retry_condition_fn=retry_unless_fatal)(fn)
     return deco
 
 
@@ -228,6 +230,7 @@ def trained_llm(cfg: ImproveConfig, model: dict[str, Any]) -> dict[str, Any]:
 @flow(name="trajforge-improve", log_prints=True)
 def improve_flow(config_path: str, output: str | None = None) -> dict[str, Any]:
     """The whole loop of the improve config at `config_path` (`output` replaces its output root)."""
+    quiet_fatal_tracebacks()
     cfg = load_improve_config(config_path, output)
     plan = preflight(cfg)
     (cfg.root / STATE_DIR).mkdir(parents=True, exist_ok=True)  # marks the output as improve's own

@@ -31,6 +31,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.fatal import quiet_fatal_tracebacks, retry_unless_fatal
+
 # The module, not its Console: a served flow is cloudpickled by value, and a Console holds a lock.
 from flows import console as term
 from flows.pipeline_config import PipelineConfig, load_pipeline_config, stage_key
@@ -124,7 +126,8 @@ def _now() -> str:
 
 def _task(name: str):
     def deco(fn):
-        return task(name=name, cache_policy=NO_CACHE, persist_result=False, retry_delay_seconds=2)(fn)
+        return task(name=name, cache_policy=NO_CACHE, persist_result=False, retry_delay_seconds=2,
+                    retry_condition_fn=retry_unless_fatal)(fn)
     return deco
 
 
@@ -312,6 +315,7 @@ def _configured(fn, retries: int, timeout: float):
 @flow(name="trajforge-pipeline", log_prints=True)
 def pipeline_flow(config_path: str, output: str | None = None) -> dict[str, Any]:
     """Run every stage of the pipeline config at `config_path` (`output` replaces its output root)."""
+    quiet_fatal_tracebacks()
     cfg = load_pipeline_config(config_path, output)
     cfg.root.mkdir(parents=True, exist_ok=True)
     with output_lock(cfg.root):

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Iterable, Iterator, Sized
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import LLM
+from backends.errors import EngineCrashed
 from backends.config import LLMConfig
 from schemas.models import Filtered, FilterDecision, Pair, Provenance, Quarantined, Trajectory
 from schemas.store import Dataset
@@ -390,7 +391,7 @@ class GenerationMethod(ABC):
     async def _safe_run(self, task: TaskSpec) -> TaskResult:
         try:
             return await self.run_task(task)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, EngineCrashed):  # the engine died: no later task can run either
             raise
         except Exception as exc:  # one broken task must not stop the run; it is quarantined
             result = TaskResult()

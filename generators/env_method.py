@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Iterable, Literal
 from pydantic import Field, model_validator
 
 from backends.base import LLM
+from backends.errors import EngineCrashed
 from backends.registry import make_llm
 from envs.base import Environment, Evaluation, Task
 from envs.spec import EnvFactory, EnvSpec
@@ -131,6 +132,8 @@ class EnvMethod(GenerationMethod):
         if self._checks_users:
             try:
                 await self.check_users(result)
+            except EngineCrashed:
+                raise
             except Exception as exc:  # noqa: BLE001 - a judge that fails (LLMRequestError) quarantines the task
                 records = [t.model_dump(mode="json") for t in result.trajectories]
                 result = TaskResult(quarantined=result.quarantined, counts=result.counts)

@@ -55,7 +55,7 @@ def test_the_recorded_ids_and_logprobs_are_what_llama_cpp_fed_and_produced():
         async with make_llm({"backend": "llamacpp", "max_tokens": 8, "temperature": 0.0, "n_ctx": 512,
                              "max_retries": 0}) as llm:
             [c] = await llm.chat(messages)
-            return c, llm.step_usage(c), llm.model_path, llm._llama.metadata["tokenizer.chat_template"]
+            return c, llm.step_usage(c), llm.model_path, llm._engine.info["chat_template"]
 
     c, usage, path, template = asyncio.run(go())
     t = usage.tokens
