@@ -187,11 +187,7 @@ class EngineProcess:
         self.info = info
 
     def _crashed(self, op: str) -> EngineCrashed:
-        doing = "while starting" if op == "start" else "during a request, twice"
-        line = (f"the embedded model's llama.cpp engine ({os.path.basename(self.options['model_path'])}) "
-                f"{self._how_it_ended()} {doing}; finished work is kept and a re-run resumes")
-        if "AMX_INT8 = 1" in (self.info.get("system_info") or ""):
-            line += f"; {REBUILD_HINT}"
+        line = crash_line(self.options["model_path"], self._how_it_ended(), op, self.info.get("system_info"))
         self._log_stderr()
         self._stop()
         return EngineCrashed(line)
@@ -249,6 +245,16 @@ class EngineProcess:
                     pass
             self._stop()
             self._stderr.close()
+
+
+def crash_line(model_path: str, how: str, op: str, system_info: str | None) -> str:
+    """The one line a run ends with when its engine crashed twice (or at its start)."""
+    doing = "while starting" if op == "start" else "during a request, twice"
+    line = (f"the embedded model's llama.cpp engine ({os.path.basename(model_path)}) {how} {doing}; "
+            "finished work is kept and a re-run resumes")
+    if "AMX_INT8 = 1" in (system_info or ""):
+        line += f"; {REBUILD_HINT}"
+    return line
 
 
 def _engine_error(kind: str, message: str) -> Exception:
