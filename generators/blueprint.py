@@ -96,9 +96,10 @@ def authentication_calls(known: str, auth_tools: Iterable[str], public: Iterable
 
 
 def blueprint(actions: Sequence[Action], *, writes: Iterable[str], auth_tools: Iterable[str],
-              told: Sequence[str] = (), authenticate: Sequence[ApiAction] = ()) -> list[Turn]:
+              told: Sequence[str] = (), authenticate: Sequence[ApiAction] = (), confirm: bool = True) -> list[Turn]:
     """The turns of a dialogue around the gold `actions` (see the module doc); `told`: what the user must hear;
-    `authenticate`: lookups to make first where the gold has none (authentication_calls)."""
+    `authenticate`: lookups to make first where the gold has none (authentication_calls); `confirm`: whether the
+    policy asks for a stated action and a yes before each write."""
     writes, auth = set(writes), set(auth_tools)
     actions = [*authenticate, *actions]
     turns: list[Turn] = []
@@ -118,9 +119,10 @@ def blueprint(actions: Sequence[Action], *, writes: Iterable[str], auth_tools: I
                               f"Before I can help, I need to verify your identity. Could you give me your {fields}?"))
         if call.function in writes:
             stated = describe_call(call)
-            turns.append(Turn("confirm", call, f"state exactly this action with its details and ask the customer to "
-                                               f"confirm it with yes or no before you do it: {stated}",
-                              f"Here is what I will do: {stated}. Do you confirm that I should proceed (yes/no)?"))
+            if confirm:
+                turns.append(Turn("confirm", call, f"state exactly this action with its details and ask the customer "
+                                                   f"to confirm it with yes or no before you do it: {stated}",
+                                  f"Here is what I will do: {stated}. Do you confirm that I should proceed (yes/no)?"))
             done.append(stated)
         turns.append(Turn("call", call))
     outcome = f"I have completed: {'; '.join(done)}." if done else "I have looked into your request."
@@ -290,10 +292,13 @@ class Grounder:
         context = "\n\x00".join([self.tools_text, *(seen_text(s) for s in history if is_system_step(s))])
         missing = [v for v in values(call.arguments) if not said(v, f"{context}\n{pool}")]
         ask: list[str] = []
-        if missing and not self.asked and self.known and any(said(v, self.known) for v in missing):
+        self.asked = self.asked or (bool(self.known) and self.known.strip() in pool)  # given already (identity)
+        if missing and not self.asked and self.known:
+            # The user is asked once, for what it knows: the values it holds, else its account (the reads that
+            # follow start from it, as an airline agent's from the user id it must obtain from the user).
             self.asked = True
             ask = [k for k, v in call.arguments.items() if any(said(m, self.known) and m in json.dumps(v)
-                                                               for m in missing)]
+                                                               for m in missing)] or ["account details"]
             pool += "\n\x00" + self.known
             missing = [v for v in missing if not said(v, self.known)]
         open_to = None if self._authenticated(history) else self.public
