@@ -55,8 +55,9 @@ def scenario_facts(task: Task) -> tuple[str, str]:
     if isinstance(instructions, dict):
         reason = str(instructions.get("reason_for_call") or task.instruction)
         known = str(instructions.get("known_info") or "")
-    else:
-        reason, known = str(instructions or task.instruction), ""
+    else:  # a scenario that is one text, or none (a generated task's instruction): the user knows what it says
+        reason = str(instructions or task.instruction)
+        known = reason
     return first_person(reason), first_person(known)
 
 

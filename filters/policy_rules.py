@@ -19,7 +19,9 @@ credential the user gives) and confirms every write; mock asks for neither. A re
 
 The write tools are `write_tools`, else the record's tools less the environment's `read_only_tools`
 (`details.env_config`). Calls given as context (tau2's message history, `extra.given`) are not the agent's
-turns: they break no rule, though a confirmation or lookup among them counts. Demonstrations built from blueprints (generators/blueprint.py) run this check and drop violators.
+turns: they break no rule, though a confirmation or lookup among them counts. Every method that acts in an
+environment holds its successes to this check (a success that breaks it is recorded as a failure,
+generators/env_method.py), demonstrations from blueprints drop violators, step_verify labels violating steps bad.
 """
 
 from __future__ import annotations
@@ -107,9 +109,11 @@ UNCONFIRMED = "writes without a confirmation"
 
 
 def write_tools_of(record: Trajectory) -> set[str]:
-    """The record's state-changing tools: all its tools less the environment's declared read-only ones."""
-    read_only = set(((record.details.get("env_config") or {}).get("read_only_tools")) or [])
-    return {t.name for t in record.tools or []} - read_only
+    """The record's state-changing tools: all its tools less the environment's declared read-only ones (a world
+    simulated from an MCP server declares them with the server's config, `from_mcp`)."""
+    config = record.details.get("env_config") or {}
+    declared = config.get("read_only_tools") or (config.get("from_mcp") or {}).get("read_only_tools")
+    return {t.name for t in record.tools or []} - set(declared or [])
 
 
 def policy_violations(steps: Sequence[Step], *, writes: Iterable[str], auth_tools: Iterable[str] = AUTH_TOOLS,

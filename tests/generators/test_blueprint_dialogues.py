@@ -86,11 +86,15 @@ def test_blueprint_dialogues_obey_the_retail_policy_and_still_pass_the_db_check(
         f.decision.reason and gold.unit_counts()["filtered:ungrounded"] == 1
     assert not list(gold.iter_records("trajectories"))
 
-    # The gold calls back to back (no dialogue) break the policy: the rule filter drops every one of them.
+    # The gold calls back to back (no dialogue) break the policy: tau2's DB check passes, but a success that breaks
+    # the policy is recorded as a failure (as every method's), and the rule filter drops every one of them.
     (tmp_path / "plain").mkdir()
     plain = _generate(_config(tmp_path / "plain", user={"kind": "none"}), tmp_path / "plain_out")
-    reasons = {t.provenance.source_id: policy_violations(t.steps, writes=write_tools_of(t))
-               for t in plain.iter_records("trajectories")}
+    written = list(plain.iter_records("trajectories"))
+    assert all(t.details["evaluation"]["success"] and not t.success for t in written)
+    assert all(t.details["policy"]["broken"].startswith("policy: ") for t in written)
+    assert plain.unit_counts()["policy_broken"] == len(written) == 3
+    reasons = {t.provenance.source_id: policy_violations(t.steps, writes=write_tools_of(t)) for t in written}
     assert all(any(rule == UNCONFIRMED for _, rule, _ in v) for v in reasons.values())
     assert any(rule == UNAUTHENTICATED for _, rule, _ in reasons["tau2-retail-82"])
     (tmp_path / "filters.yaml").write_text(yaml.safe_dump([{"name": "policy_rules"}]))

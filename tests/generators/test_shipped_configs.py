@@ -36,6 +36,7 @@ from typer.testing import CliRunner
 
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from envs.browser.solvers import parse_axtree
+from envs.scenario_user import CONFIRM_ASK, YES
 from envs.spec import EnvFactory, EnvSpec
 from flows.cli import app
 from flows.agent_r_config import AgentRConfig
@@ -141,13 +142,14 @@ def in_my_words(text: str) -> str:
 
 
 def _persona(body: dict[str, Any], references: dict[str, list[Any]]) -> str | None:
-    """The simulated customer: opens with its reason for calling and who it is, in its own words; leaves once
-    answered."""
+    """The simulated customer: opens with its reason for calling and who it is, in its own words; says yes to a
+    stated action; leaves once answered."""
     system = str(body["messages"][0]["content"])
     if "playing a customer" not in system:
         return None
     if any(m["role"] == "assistant" for m in body["messages"]):
-        return "Thanks, that is all. ###STOP###"
+        asked = str(body["messages"][-1].get("content") or "")
+        return YES if "?" in asked and CONFIRM_ASK.search(asked) else "Thanks, that is all. ###STOP###"
     request = next((r for r in references if r in system), "I need help with an order.")
     known = system.split("Known info: ", 1)[1].split("\n", 1)[0] if "Known info: " in system else ""
     return in_my_words(f"{request} {known}".strip())
@@ -273,8 +275,22 @@ def _references() -> dict[str, list[Any]]:
         return out
 
     done = MessageAction(content="Your order is cancelled. Is there anything else?")
-    return {**asyncio.run(solve()), CANCEL: [ApiAction(function=CANCEL_CALL["name"], arguments=CANCEL_CALL["arguments"]),
-                                             done]}
+    find = ApiAction(function="find_user_id_by_name_zip", arguments={"first_name": "Yusuf", "last_name": "Rossi",
+                                                                      "zip": "19122"})
+    cancel = [find, ApiAction(function=CANCEL_CALL["name"], arguments=CANCEL_CALL["arguments"]), done]
+    reads = set(data["env_config"]["read_only_tools"])
+    return {request: confirmed(actions, reads) for request, actions in {**asyncio.run(solve()), CANCEL: cancel}.items()}
+
+
+def confirmed(actions: list[Any], reads: set[str]) -> list[Any]:
+    """`actions` as an agent that obeys the retail policy plays them: each write stated and asked about first."""
+    out: list[Any] = []
+    for action in actions:
+        if isinstance(action, ApiAction) and action.function not in reads:
+            out.append(MessageAction(content=f"I will {action.function.replace('_', ' ')} with "
+                                             f"{json.dumps(action.arguments)}. Do you confirm (yes/no)?"))
+        out.append(action)
+    return out
 
 
 # ---- runs --------------------------------------------------------------------------------------------
@@ -465,7 +481,11 @@ def test_self_challenging_writes_under_the_policy_and_scores_rollouts_with_its_v
     assert written and "# Policy" in written[-1]["messages"][0]["content"]
     assert "Retail agent policy" in written[-1]["messages"][0]["content"]
     [rollout] = list(Dataset.open(out).iter_records())
-    assert rollout.reward == 1.0 and rollout.details["verifier"]["passed"]
+    assert rollout.reward == 1.0 and rollout.details["verifier"]["passed"] and rollout.success
+    # A user who answers: the agent authenticates, states the cancellation, hears a yes, then cancels (the policy's
+    # rule check finds nothing; without a user, the statement would end the episode before the write).
+    cancel = next(i for i, s in enumerate(rollout.steps) if s.kind == "api" and s.function == CANCEL_CALL["name"])
+    assert rollout.steps[cancel - 1].content == YES and "policy" not in rollout.details
     assert rollout.details["roles"]["challenger"] == "openai:fake-actor"  # the paper's own design, recorded
 
 
