@@ -23,7 +23,7 @@ import re
 from typing import Any, Iterable, Iterator, Sequence
 
 from filters.base import BaseFilter, Decision, drop, keep, register
-from schemas.models import Step, Tool, Trajectory, is_system_step
+from schemas.models import Step, Tool, Trajectory
 
 SPAN_WORDS = 8  # a span this long taken word for word is a quote, not a coincidence
 SHORT_WORDS = 4  # a value of at most this many words is matched whole
@@ -154,4 +154,4 @@ def hidden_texts(record: Trajectory) -> list[str]:
 
 def visible_text(steps: Sequence[Step], tools: Iterable[Tool] | None = None) -> str:
     """All that an agent saw along `steps` (system prompt, tools, user messages, tool results)."""
-    return "\n".join([tools_text(tools), *(seen_text(s) for s in steps if is_system_step(s) or s.kind != "message")])
+    return "\n".join([tools_text(tools), *(seen_text(s) for s in steps)])
