@@ -27,8 +27,8 @@ from filters.policy_rules import DOMAINS, PolicyCheck, describe as describe_viol
 from generators.agent import AgentPolicy, Proposal
 from envs.scenario_user import scenario_facts
 from filters.grounding import describe as describe_ungrounded, ungrounded_calls
-from generators.blueprint import (MODEL, TEMPLATE, BlueprintAgent, Grounder, authentication_calls, blueprint,
-                                  rewrites_of)
+from generators.blueprint import MODEL, TEMPLATE, BlueprintAgent, authentication_calls, blueprint, rewrites_of
+from generators.grounder import Grounder
 from generators.base import TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
