@@ -53,11 +53,21 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
+def is_value(text: str) -> bool:
+    """Whether a string argument is a value (an id, a name, an address line) rather than free or computed text."""
+    return len(_WORD.findall(text)) <= SHORT_WORDS and not _COMPUTED.search(text)
+
+
+def is_prose(text: str) -> bool:
+    """Whether a string argument is free text in words (a summary), not a value and not computed."""
+    return len(_WORD.findall(text)) > SHORT_WORDS and not _COMPUTED.search(text)
+
+
 def values(arguments: dict[str, Any]) -> list[str]:
     """What of a call's arguments must have been seen: short strings whole, the id-like tokens of longer ones."""
     out: list[str] = []
     for text in _strings(arguments):
-        if len(_WORD.findall(text)) <= SHORT_WORDS and not _COMPUTED.search(text):
+        if is_value(text):
             out.append(text)
         else:
             out.extend(sorted(ids(text)))

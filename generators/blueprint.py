@@ -152,7 +152,7 @@ class BlueprintAgent:
         self.grounder = grounder
         self.taken = 0
         self.texts: list[str] = []  # MODEL or TEMPLATE, per message, in order
-        self.inserted = {"asks": 0, "reads": 0}
+        self.inserted = {"asks": 0, "reads": 0, "reworded": 0}
         self._grounded: set[int] = set()
 
     @property
@@ -169,6 +169,7 @@ class BlueprintAgent:
                 or call.extra.get("requestor") == "user" or call.function in self.grounder.auth):
             return
         self._grounded.add(id(call))
+        self.inserted["reworded"] += self.grounder.reword(call, history)
         ask, reads = await self.grounder.before(call, history)
         extra: list[Turn] = []
         if ask:

@@ -7,7 +7,8 @@ missing value (or, where nothing authenticates, the account the reads start from
 asks the user once; the rest come from the reads a real agent makes, found by probing the world's read-only tools
 through `env.inspect` (unrecorded) with values already seen: a breadth-first search of chains of at most
 `MAX_DEPTH` reads, `MAX_PROBES` probes per dialogue, only public tools before authentication. Only the chain that
-shows a missing value enters the dialogue. A read's arguments come from what the user and the tools said: by key
+shows a missing value enters the dialogue. A free-text argument (a transfer's summary) is the agent's own words,
+not the gold's: where nobody said it, it becomes the user's request as the user made it (`reword`). A read's arguments come from what the user and the tools said: by key
 in a JSON result, or by the shape of the argument's values in the gold ('#W2378156' -> '#[A-Z]{1}[0-9]{7}'); reads
 of the gold's own values are probed first.
 """
@@ -20,8 +21,8 @@ import re
 from typing import Any, Iterable, Sequence
 
 from envs.base import Environment
-from filters.grounding import ids, said, seen_text, tools_text, values
-from schemas.models import Action, ApiAction, Step, Tool, is_system_step
+from filters.grounding import SHORT_WORDS, ids, is_prose, said, seen_text, tools_text, values
+from schemas.models import Action, ApiAction, Step, Tool, is_system_step, task_text
 
 MAX_DEPTH = 3  # reads in one grounding chain (user -> order -> product)
 MAX_PROBES = 150  # probe reads per dialogue (one that cannot be grounded spends them all)
@@ -162,6 +163,17 @@ class Grounder:
                     deeper.append((step, f"{text}\n\x00{result}"))
             frontier = deeper[:12]
         return []
+
+    def reword(self, call: ApiAction, history: Sequence[Step]) -> int:
+        """Put the free-text arguments of `call` (more than `SHORT_WORDS` words) that nobody said in words the agent
+        has: the user's request; how many were reworded. (tau2 compares no such argument: its reward reads the
+        database and, where it checks actions, the arguments it names, ids.)"""
+        seen = "\n".join(seen_text(s) for s in history)
+        request = task_text(history) or "(no request)"
+        free = [k for k, v in call.arguments.items() if isinstance(v, str) and is_prose(v) and not said(v, seen)]
+        for key in free:
+            call.arguments[key] = f"The customer's request: {request}"
+        return len(free)
 
     async def before(self, call: ApiAction, history: Sequence[Step]) -> tuple[list[str], list[ApiAction]]:
         """(the arguments to ask the user for, the reads to make) before `call`."""

@@ -103,6 +103,16 @@ def test_blueprint_dialogues_obey_the_retail_policy_and_still_pass_the_db_check(
     assert result.exit_code == 0, result.output
     dropped = list(Dataset.open(tmp_path / "filtered").iter_records("filtered"))
     assert len(dropped) == 3 and all(d.decision.reason.startswith("policy: ") for d in dropped)
+    # The grounding check as a filter of any dataset: 82's gold return uses an order id nobody said.
+    (tmp_path / "grounded.yaml").write_text(yaml.safe_dump([{"name": "grounded_calls"}]))
+    result = runner.invoke(app, ["filter", str(tmp_path / "plain_out"), "--config", str(tmp_path / "grounded.yaml"),
+                                 "--output", str(tmp_path / "grounded")])
+    assert result.exit_code == 0, result.output
+    dropped = {d.record.provenance.source_id: d.decision for d in
+               Dataset.open(tmp_path / "grounded").iter_records("filtered")}
+    assert dropped["tau2-retail-82"].filter == "grounded_calls"
+    assert "return_delivered_order_items uses '#W9571698', which no user message or tool result gave before it" in \
+        dropped["tau2-retail-82"].reason
 
 
 def _writer(body: dict[str, Any]) -> Any:

@@ -15,6 +15,7 @@ from filters.policy_rules import DOMAINS, UNAUTHENTICATED, violations_of
 from flows.cli import app
 from schemas.store import Dataset
 from tests.conftest import REPO
+from tests.generators._leaks import leaks
 from tests.server_venvs import server_venv
 
 runner = CliRunner()
@@ -54,6 +55,7 @@ def test_airline_dialogues_ask_for_the_user_id_and_read_before_they_write(tmp_pa
     assert changed.details["grounding"] == {**changed.details["grounding"], "variant": "reads", "asks": 1, "reads": 2}
     # Retail's rules, the only ones before, would call every airline dialogue unauthenticated.
     assert violations_of(changed, DOMAINS["retail"])[0][1] == UNAUTHENTICATED
+    assert leaks(tmp_path / "out", tmp_path) == []  # the guard of test_shipped_configs.py on this shipped config
 
 
 def test_mock_dialogues_follow_the_mock_policy_and_quarantine_what_the_server_cannot_set_up(tmp_path: Path) -> None:
@@ -68,3 +70,4 @@ def test_mock_dialogues_follow_the_mock_policy_and_quarantine_what_the_server_ca
     created = next(t for t in kept if t.provenance.source_id == "tau2-create_task_1")
     assert [s.function for s in created.steps if s.kind == "api"] == ["create_task"]
     assert "Each task must have a title" in created.steps[0].content  # the mock policy in the system prompt
+    assert leaks(tmp_path / "out", tmp_path) == []
