@@ -28,7 +28,8 @@ _OBJECT_AFTER = ("to|for|with|at|from|about|by|of|tell|told|give|gave|ask|asked|
                  "asks|tells|contact|offer|offers|show|shows|charge|refund|transfer|than")
 CONFIRM_ASK = re.compile(r"\b(confirm|proceed|go ahead|shall i|should i|would you like me to|do you want me to|"
                          r"is (?:that|this) (?:correct|right|ok)|(?:reply|answer|say) yes)\b", re.I)
-FACT_ASK = re.compile(r"\b(name|zip|postal|e-?mail|user id|phone|account|address|order id|order number)\b", re.I)
+FACT_ASK = re.compile(r"\b(name|zip|postal|e-?mail|user id|phone|account|address|order id|order number|"
+                      r"reservation|booking)\b", re.I)
 MORE_HELP = re.compile(r"\b(anything else|something else|further assistance|help (?:you )?with anything)\b", re.I)
 YES = "Yes, please go ahead."
 DONE = f"Thank you, that's all I needed. {USER_STOP}"
@@ -54,8 +55,9 @@ def scenario_facts(task: Task) -> tuple[str, str]:
     if isinstance(instructions, dict):
         reason = str(instructions.get("reason_for_call") or task.instruction)
         known = str(instructions.get("known_info") or "")
-    else:
-        reason, known = str(instructions or task.instruction), ""
+    else:  # a scenario that is one text, or none (a generated task's instruction): the user knows what it says
+        reason = str(instructions or task.instruction)
+        known = reason
     return first_person(reason), first_person(known)
 
 

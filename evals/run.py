@@ -25,6 +25,7 @@ from pydantic import Field
 from envs.base import Task
 from envs.spec import EnvFactory
 from envs.tasks import NoSplits
+from filters.policy_rules import PolicyCheck
 from generators._episode import play_episode
 from generators.agent import SYSTEM as AGENT_SYSTEM
 from generators.agent import TEXT_FORMAT
@@ -41,6 +42,9 @@ NO_SPLIT = "none"
 class EvalConfig(EnvMethodConfig):
     method: Literal["eval"] = "eval"
     samples: int = Field(1, ge=1, le=1000, description="episodes per task (pass@k and pass^k for k up to this)")
+    # An eval scores by the benchmark's own criteria (tau2's); the policy's rule check is for training data.
+    policy_check: PolicyCheck | None = Field(None, description="the policy's rule check on each episode (default: off, "
+                                                               "the benchmark's own criteria decide)")
 
 
 def eval_config(data: dict[str, Any]) -> EvalConfig:

@@ -112,4 +112,4 @@ def build_filter(spec: dict[str, Any], factories: dict[str, FilterFactory] | Non
 
 def _load_builtins() -> None:
     # Importing the modules runs their @register decorators; done lazily to avoid import cycles.
-    from filters import judges, pii, policy_rules, rules, user_fidelity  # noqa: F401
+    from filters import grounding, judges, pii, policy_rules, rules, user_fidelity  # noqa: F401

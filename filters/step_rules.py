@@ -39,6 +39,9 @@ from schemas.models import ApiAction, Step, Trajectory
 class RuleLabel:
     label: Literal["good", "bad"]
     reason: str
+    # Whether the label settles an outcome (an error, a write that moves toward the goal or away from it): a read
+    # or a message that merely succeeded says nothing of whether the policy allowed it.
+    outcome: bool = True
 
 
 def task_of(traj: Trajectory) -> Task | None:
@@ -118,11 +121,11 @@ async def retail_labels(traj: Trajectory, task: Task) -> dict[int, RuleLabel]:
                 out[i] = RuleLabel("bad", f"tool error: {err}")
                 continue
             if step.kind != "api":
-                out[i] = RuleLabel("good", "message without error")
+                out[i] = RuleLabel("good", "message without error", outcome=False)
                 continue
             new = _rows(env)
             if new == state:
-                out[i] = RuleLabel("good", "read-only call succeeded")
+                out[i] = RuleLabel("good", "read-only call succeeded", outcome=False)
                 continue
             # Every row the action wrote must be a goal row, and it must remove no goal row.
             wrong = sum(len((new[t] - state[t]) - goal[t]) + len((state[t] - new[t]) & goal[t]) for t in goal)
@@ -209,9 +212,9 @@ def reference_labels(traj: Trajectory, task: Task, read_only: Collection[str] | 
         if hit is not None:
             if not reads:
                 matched.add(hit)
-            out[i] = RuleLabel("good", f"matches reference action {hit + 1} ({step.function})")
+            out[i] = RuleLabel("good", f"matches reference action {hit + 1} ({step.function})", outcome=not reads)
         elif reads:
-            out[i] = RuleLabel("good", "read-only call succeeded")
+            out[i] = RuleLabel("good", "read-only call succeeded", outcome=False)
         elif any(ref.matches(step) for ref in refs):
             out[i] = RuleLabel("bad", f"repeats a reference write ({step.function}) already done")
         else:

@@ -188,14 +188,15 @@ async def continue_episode(
     evaluate: bool = True,
     reviewer: Reviewer | None = None,
 ) -> Episode:
-    """`policy` acts from the env's current state, which `history` led to, until `max_steps` actions in all.
+    """`policy` acts from the env's current state, which `history` led to, until `max_steps` actions in all, or
+    until a proposer that plays a script says it has played all of it (`finished`).
 
     A history without a system step gets the policy's."""
     steps = opened(policy, history)
     episode = Episode(steps=steps, evaluation=None, stop_reason="max_steps", actions=actions_taken)
     if env.done:
         episode.stop_reason = "done"
-    while not episode.done and episode.actions < max_steps:
+    while not episode.done and episode.actions < max_steps and not getattr(policy, "finished", False):
         proposal = (await policy.propose(steps))[0]
         if proposal.action is None:
             episode.parse_failures += 1

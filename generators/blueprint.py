@@ -16,6 +16,9 @@ A message that does not do its job (no question where a yes is needed) falls bac
 Where no model is configured (the `reference-solution` placeholder) every message is the template's, and
 the record says so (`details.agent_text`). The calls are the gold's, declared `written`. The environment's
 own check (tau2's DB check) decides success; filters/policy_rules.py checks the policy's order.
+
+Grounded: with a `Grounder` (generators/grounder.py), before a call whose values nobody said the agent asks the
+user for them or makes the reads a real agent makes; those turns are inserted into the blueprint as it is played.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any, Iterable, Literal, Sequence
 from backends.base import LLM
 from envs.scenario_user import CONFIRM_ASK, FACT_ASK
 from generators.agent import AgentPolicy, Proposal
+from generators.grounder import Grounder
 from generators.transcript import strip_reasoning
 from schemas.models import Action, ApiAction, MessageAction, Step, TextObservation
 
@@ -83,9 +87,10 @@ def authentication_calls(known: str, auth_tools: Iterable[str], public: Iterable
 
 
 def blueprint(actions: Sequence[Action], *, writes: Iterable[str], auth_tools: Iterable[str],
-              told: Sequence[str] = (), authenticate: Sequence[ApiAction] = ()) -> list[Turn]:
+              told: Sequence[str] = (), authenticate: Sequence[ApiAction] = (), confirm: bool = True) -> list[Turn]:
     """The turns of a dialogue around the gold `actions` (see the module doc); `told`: what the user must hear;
-    `authenticate`: lookups to make first where the gold has none (authentication_calls)."""
+    `authenticate`: lookups to make first where the gold has none (authentication_calls); `confirm`: whether the
+    policy asks for a stated action and a yes before each write."""
     writes, auth = set(writes), set(auth_tools)
     actions = [*authenticate, *actions]
     turns: list[Turn] = []
@@ -105,9 +110,10 @@ def blueprint(actions: Sequence[Action], *, writes: Iterable[str], auth_tools: I
                               f"Before I can help, I need to verify your identity. Could you give me your {fields}?"))
         if call.function in writes:
             stated = describe_call(call)
-            turns.append(Turn("confirm", call, f"state exactly this action with its details and ask the customer to "
-                                               f"confirm it with yes or no before you do it: {stated}",
-                              f"Here is what I will do: {stated}. Do you confirm that I should proceed (yes/no)?"))
+            if confirm:
+                turns.append(Turn("confirm", call, f"state exactly this action with its details and ask the customer "
+                                                   f"to confirm it with yes or no before you do it: {stated}",
+                                  f"Here is what I will do: {stated}. Do you confirm that I should proceed (yes/no)?"))
             done.append(stated)
         turns.append(Turn("call", call))
     outcome = f"I have completed: {'; '.join(done)}." if done else "I have looked into your request."
@@ -134,20 +140,51 @@ def usable(kind: TurnKind, text: str, told: Sequence[str]) -> bool:
 
 class BlueprintAgent:
     """A proposer that plays a blueprint: the gold calls as they are, the messages from `writer` (the acting
-    model under hidden guidance) or the template. `texts` records, per message step, who wrote it."""
+    model under hidden guidance) or the template; with a `grounder`, what a real agent does before a call whose
+    values nobody said. `texts` records, per message step, who wrote it; `inserted` counts the grounding turns."""
 
-    def __init__(self, turns: Sequence[Turn], agent: AgentPolicy, writer: LLM | None, told: Sequence[str] = ()) -> None:
+    def __init__(self, turns: Sequence[Turn], agent: AgentPolicy, writer: LLM | None, told: Sequence[str] = (),
+                 grounder: Grounder | None = None) -> None:
         self.turns = list(turns)
         self.agent = agent
         self.writer = writer
         self.told = list(told)
+        self.grounder = grounder
         self.taken = 0
         self.texts: list[str] = []  # MODEL or TEMPLATE, per message, in order
+        self.inserted = {"asks": 0, "reads": 0, "reworded": 0}
+        self._grounded: set[int] = set()
+
+    @property
+    def finished(self) -> bool:
+        return self.taken >= len(self.turns)
 
     def system_step(self, guidance: str | None = None) -> TextObservation:
         return self.agent.system_step(guidance)
 
+    async def _ground(self, turn: Turn, history: list[Step]) -> None:
+        """Insert, before `turn`, what grounds its call: a question to the user and the reads."""
+        call = turn.call
+        if (self.grounder is None or call is None or turn.kind not in ("confirm", "call") or id(call) in self._grounded
+                or call.extra.get("requestor") == "user" or call.function in self.grounder.auth):
+            return
+        self._grounded.add(id(call))
+        self.inserted["reworded"] += self.grounder.reword(call, history)
+        ask, reads = await self.grounder.before(call, history)
+        extra: list[Turn] = []
+        if ask:
+            fields = " and ".join(k.replace("_", " ") for k in ask)
+            extra.append(Turn("ask_identity", call, f"ask the customer for their {fields} (do not guess it)",
+                              f"To help with that, I need your {fields}. Could you give me your {fields}?"))
+        for read in reads:
+            self._grounded.add(id(read))
+            extra.append(Turn("call", read))
+        self.inserted["asks"] += len(ask) > 0
+        self.inserted["reads"] += len(reads)
+        self.turns[self.taken:self.taken] = extra
+
     async def propose(self, history: list[Step], *, n: int = 1) -> list[Proposal]:
+        await self._ground(self.turns[self.taken], history)
         turn = self.turns[self.taken]
         self.taken += 1
         if turn.kind == "call":

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from backends.config import LLMConfig
 from envs.base import Task
 from generators._episode import play_episode, renumber_calls
-from filters.policy_rules import AUTH_TOOLS, PUBLIC_TOOLS, policy_violations
+from filters.policy_rules import DOMAINS, PolicyCheck, describe as describe_violation, violations_of
 from generators.agent import AgentPolicy, Proposal
 from envs.scenario_user import scenario_facts
+from filters.grounding import describe as describe_ungrounded, ungrounded_calls
 from generators.blueprint import MODEL, TEMPLATE, BlueprintAgent, authentication_calls, blueprint, rewrites_of
+from generators.grounder import Grounder
 from generators.base import TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
@@ -34,18 +36,8 @@ from generators.registry import register_method
 from schemas.models import Action, Provenance, Step, TextObservation
 
 NO_REFERENCE = "no reference solution"
+MAX_DIALOGUE_STEPS = 200  # a blueprint ends the episode when it is played out; this only stops a runaway
 REFERENCE_MODEL = "reference-solution"
-
-
-class PolicyCheckConfig(BaseModel):
-    """`policy_check`: the rule check of the service policy on dialogues (filters/policy_rules.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    auth_tools: list[str] = Field(default_factory=lambda: list(AUTH_TOOLS),
-                                  description="tools that authenticate the user ([]: no authentication rule)")
-    public_tools: list[str] = Field(default_factory=lambda: list(PUBLIC_TOOLS),
-                                    description="tools that read nothing private (allowed before authentication)")
 
 
 class DemonstrationsConfig(EnvMethodConfig):
@@ -56,8 +48,13 @@ class DemonstrationsConfig(EnvMethodConfig):
     dialogue: bool = Field(False, description=(
         "play the gold calls as a dialogue that obeys the policy (generators/blueprint.py): the agent asks for "
         "identity, states each write and gets a yes, reports the outcome; needs a user (user.kind scenario or llm)"))
-    policy_check: PolicyCheckConfig = Field(default_factory=PolicyCheckConfig,
-                                            description="the policy's rule check, a filter of dialogues")
+    ground: bool = Field(True, description=(
+        "dialogue: before a call uses a value nobody said, ask the user for it (where the user knows it) or make the "
+        "reads a real agent makes (false: tau2's gold calls alone); either way a dialogue whose calls still use such "
+        "a value is dropped, counted"))
+    policy_check: PolicyCheck = Field(default_factory=PolicyCheck,
+                                      description="the policy's rules a dialogue obeys and is checked by (default: "
+                                                  "the task's tau2 domain's, else retail's)")
 
     @model_validator(mode="after")
     def _dialogue_has_a_user(self) -> DemonstrationsConfig:
@@ -125,31 +122,49 @@ class Demonstrations(EnvMethod):
         return result
 
     async def _dialogue(self, env: Any, task: Task, actions: Sequence[Action], result: TaskResult) -> TaskResult:
-        """The gold calls as a dialogue that obeys the policy; dropped (counted) where the rule check finds a
-        write without a confirmation or an act before authentication."""
-        check = self.config.policy_check
+        """The gold calls as a dialogue that obeys the policy, grounded (generators/blueprint.py); dropped (counted)
+        where a call still uses a value nobody said, or the rule check finds a write without a confirmation or an
+        act before authentication."""
+        check = self.config.policy_check.rules(task.model_dump(mode="json"), DOMAINS["retail"])
+        assert check is not None
+        tools = env.tools()
         writes = set(getattr(env, "state_changing_tools", ()) or ())
+        terminal = set(getattr(getattr(env, "config", None), "terminal_tools", ()) or ())
         told = [str(x) for x in task.goal.get("communicate_info") or []]
-        authenticate = authentication_calls(scenario_facts(task)[1], check.auth_tools, check.public_tools, actions)
-        turns = blueprint(actions, writes=writes, auth_tools=check.auth_tools, told=told, authenticate=authenticate)
+        known = scenario_facts(task)[1]
+        authenticate = authentication_calls(known, check.auth_tools, check.public_tools, actions)
+        turns = blueprint(actions, writes=writes, auth_tools=check.auth_tools, told=told, authenticate=authenticate,
+                          confirm=check.confirm_writes)
         writer = None if self.config.llm.model == REFERENCE_MODEL else self.llm
-        agent = BlueprintAgent(turns, self.policy(), writer, told)
-        episode = await play_episode(env, agent, task, max_steps=len(turns))
+        grounder = Grounder(env, tools, reads={t.name for t in tools} - writes - terminal, auth_tools=check.auth_tools,
+                            public_tools=check.public_tools, gold=actions, known=known) if self.config.ground else None
+        agent = BlueprintAgent(turns, self.policy(), writer, told, grounder)
+        episode = await play_episode(env, agent, task, max_steps=MAX_DIALOGUE_STEPS)
         steps = renumber_calls(episode.steps)
         texts = {who: agent.texts.count(who) for who in (MODEL, TEMPLATE) if who in agent.texts}
+        grounding = {"variant": "reads" if self.config.ground else "gold", **agent.inserted,
+                     **({"probes": grounder.probes} if grounder is not None else {})}
         record = self.trajectory(task, "", steps, episode.evaluation, reference_actions=len(actions),
                                  **{**episode.details(), "rewrites": rewrites_of(steps, agent.texts),
-                                    "agent_text": texts, "dialogue": "blueprint",
+                                    "agent_text": texts, "dialogue": "blueprint", "grounding": grounding,
                                     **({"added_authentication": len(authenticate)} if authenticate else {})})
         episode.count(result.counts)
+        result.counts["grounding_reads"] += agent.inserted["reads"]
+        result.counts["grounding_asks"] += agent.inserted["asks"]
+        ungrounded = ungrounded_calls(steps, tools)
+        if ungrounded:
+            result.counts["filtered:ungrounded"] += 1
+            result.reject(record, "grounding", f"ungrounded: {describe_ungrounded(ungrounded)}")
+            return result
+        if agent.inserted["reads"] or agent.inserted["asks"]:
+            result.counts["grounded_by_inserted_turns"] += 1
         result.counts["policy_checked"] += 1
-        found = policy_violations(steps, writes=writes, auth_tools=check.auth_tools, public_tools=check.public_tools)
+        found = violations_of(record, check, writes)
         for _, rule, _ in found:
             result.counts[f"policy:{rule}"] += 1
         if found:
-            step, rule, what = found[0]
-            result.counts[f"filtered:policy: {rule}"] += 1
-            result.reject(record, "policy_rules", f"policy: {rule} (step {step}: {what})")
+            result.counts[f"filtered:policy: {found[0][1]}"] += 1
+            result.reject(record, "policy_rules", describe_violation(found))
         else:
             result.trajectories.append(record)
         return result

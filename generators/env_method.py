@@ -29,6 +29,7 @@ from envs.spec import EnvFactory, EnvSpec
 from generators.agent import SYSTEM as AGENT_SYSTEM
 from envs.users import MODEL_USERS
 from generators.agent import AgentPolicy, agent_settings
+from filters.policy_rules import PolicyCheck, describe as describe_violation, violations_of
 from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from schemas.models import RenderSettings, Rewrite, Step, Tool, Trajectory
 from schemas.store import Dataset
@@ -45,6 +46,9 @@ class EnvMethodConfig(MethodConfig, EnvSpec):
     max_parse_failures: int = Field(3, ge=1, description="unusable answers before the episode ends")
     agent_mode: Literal["tools", "text"] = "tools"
     agent_temperature: float | None = None
+    policy_check: PolicyCheck | None = Field(default_factory=PolicyCheck, description=(
+        "the service policy's rule check on every episode (filters/policy_rules.py; default: the task's tau2 domain's "
+        "rules, none for other tasks; null: off): a success that breaks it is recorded as a failure"))
     # What the method needs from its world (see Environment.offers); checked when the config loads.
     requires: ClassVar[frozenset[str]] = frozenset()
 
@@ -129,6 +133,9 @@ class EnvMethod(GenerationMethod):
 
     async def _safe_run(self, task: TaskSpec) -> TaskResult:
         result = await super()._safe_run(task)
+        for record in [*result.trajectories, *(item.record for item in result.filtered)]:
+            if "policy" in record.details:
+                result.counts["policy_broken"] += 1
         if self._checks_users:
             try:
                 await self.check_users(result)
@@ -234,7 +241,7 @@ class EnvMethod(GenerationMethod):
         says how its prompts were rendered from them, so exporters rebuild each request exactly."""
         reward = evaluation.reward if evaluation is not None else None
         split = task.metadata.get("split")
-        return Trajectory(
+        record = Trajectory(
             id=f"{self.name}/{task.id}{key}",
             source=self.name,
             steps=list(steps),
@@ -249,3 +256,16 @@ class EnvMethod(GenerationMethod):
                      **({"evaluation": evaluation.as_dict()} if evaluation is not None else {}),
                      "render": self.render_settings().model_dump(), **details},
         )
+        return self.held_to_policy(record)
+
+    def held_to_policy(self, record: Trajectory) -> Trajectory:
+        """`record`, a failure where it succeeded by breaking its policy's rules (acting before authentication,
+        writing without a confirmed yes): the world's reward stays, `details["policy"]` says what broke."""
+        check = self.config.policy_check
+        rules = check.rules(record.details.get("task")) if check is not None and record.success else None
+        found = violations_of(record, rules) if rules is not None else []
+        if found:
+            record.success = False
+            record.details["policy"] = {"broken": describe_violation(found),
+                                        "violations": [{"step": i, "rule": r, "what": w} for i, r, w in found]}
+        return record

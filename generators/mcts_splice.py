@@ -58,16 +58,24 @@ from schemas.models import MessageAction, Pair, Rewrite, Step, Trajectory
 
 log = logging.getLogger("trajforge.generators")
 
+# Agent-R's revision thoughts (bytedance/Agent-R, mcts_utils/llm_server.py; its splicing draws from the first ten):
+# the agent notices a mistake in its own words, with neither the verifier's reason nor the search's wording, which
+# the trained agent never sees.
 REVISION_TEMPLATES = (
-    "I realize my previous action was wrong: {reason} Let me go back and take a better approach.",
-    "Wait, that step was a mistake: {reason} I should correct course from before it.",
-    "Looking back, my last steps did not move the task forward: {reason} Let me try a different action.",
-    "I made an error here: {reason} I will revise my plan and continue correctly.",
+    "I realize my approach was flawed. I need to revise it.",
+    "I took the wrong steps. I need to identify the right path.",
+    "My actions were incorrect. I must adjust my strategy.",
+    "I see an error in my actions. I need to fix it.",
+    "I misunderstood the situation. Time to reassess.",
+    "My decision was wrong. I should reevaluate.",
+    "I went off course. I need to steer back on track.",
+    "I recognize my mistake. Let's find a better solution.",
+    "My judgment was incorrect. I need to rethink it.",
+    "I made an error. I must determine how to correct it.",
 )
 REVISION_PROMPT = (
-    "You are an agent that just noticed a mistake. Task:\n{task}\n\nThe wrong step:\n{step}\n\nWhy it was wrong: "
-    "{reason}\n\nWrite one or two sentences, in the first person, in which you notice the mistake and decide to "
-    "correct it. Do not call tools."
+    "You are an agent that just noticed a mistake. The request:\n{task}\n\nThe wrong step:\n{step}\n\nWrite one or "
+    "two sentences, in the first person, in which you notice the mistake and decide to correct it. Do not call tools."
 )
 
 
@@ -306,16 +314,16 @@ class MCTSSplice(EnvMethod):
                 return index, labels[index].reason, "rules"
         return k, "this path diverged from the successful one here and failed.", "divergence"
 
-    async def _revision(self, task: Task, step: Step, reason: str, node: int) -> tuple[str, str]:
-        """(the revision thought, who wrote it: "model" or "template")."""
-        reason = reason.strip().rstrip(".") + "." if reason.strip() else "it did not help the task."
+    async def _revision(self, task: Task, steps: list[Step], error: int, node: int) -> tuple[str, str]:
+        """(the revision thought, who wrote it: "model" or "template"). Either sees only what the agent saw: the
+        request as the user made it and the wrong step, never the verifier's reason or the task's hidden parts."""
         if self.config.revision == "model":
-            prompt = REVISION_PROMPT.format(task=task.instruction, step=step_judge.describe(step), reason=reason)
+            prompt = REVISION_PROMPT.format(task=step_judge.task_text(steps), step=step_judge.describe(steps[error]))
             text = (await self.llm.chat([{"role": "user", "content": prompt}], temperature=0.0))[0].text.strip()
             if text:
                 return text, "model"
-        template = REVISION_TEMPLATES[int(hashlib.sha256(f"{task.id}/{node}".encode()).hexdigest(), 16) % len(REVISION_TEMPLATES)]
-        return template.format(reason=reason), "template"
+        return REVISION_TEMPLATES[int(hashlib.sha256(f"{task.id}/{node}".encode()).hexdigest(), 16)
+                                  % len(REVISION_TEMPLATES)], "template"
 
     async def _splice(self, task: Task, good: SearchPath, bad: SearchPath, k: int,
                       b_traj: Trajectory, result: TaskResult) -> Trajectory:
@@ -325,7 +333,7 @@ class MCTSSplice(EnvMethod):
         if source != self.config.verifier:
             fallbacks["first_error"] = (f"the {self.config.verifier} verifier named no wrong step: the divergence point "
                                         "is the first error")
-        revision, writer = await self._revision(task, bad.steps[error], reason, bad.node)
+        revision, writer = await self._revision(task, bad.steps, error, bad.node)
         if writer != self.config.revision:
             fallbacks["revision"] = "the model's revision was empty: a template revision was spliced in"
         for what, instead in fallbacks.items():

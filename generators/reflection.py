@@ -8,16 +8,22 @@ task in `details["task"]`):
 
 1. **walk** — a fresh episode of the task replays the recorded actions one by one; the teacher
    (`teacher.llm`, default the judge model) reviews each action with what the world answered.
-2. **correct** — at the first action the teacher calls wrong, the world is put back to the state
-   before it (snapshot restore, or a replay of the history), and the trajectory records the
-   wrong action (train = false, label bad, the teacher's reason in `extra["teacher_reason"]`)
-   answered by a note that it was not carried out (`UNDONE`, train = false, `extra["undone"]`):
-   the world no longer holds its effect, so its real observation (a cancel that succeeded) would
-   contradict everything after it; that observation is kept for audit in the correction's
-   `undone_observation` only, never in the context. Then the teacher's reflection (an assistant thought, a `MessageAction`
+2. **correct** — at the first action the teacher calls wrong, the trajectory records the wrong action
+   (train = false, label bad, the teacher's reason in `extra["teacher_reason"]`) and what the world answered,
+   as STeP keeps it (`wrong_steps: carried_out`, the default): the real observation, the world going on from
+   the state the wrong action left (the action marked `extra["masked"] = "context"`: replays take it). Where the
+   wrong action ended the episode (the user left, a terminal tool) nothing can follow it, so the world is put back
+   to the state before it (snapshot restore, or a replay of the history) and it is answered by a neutral
+   observation (`NEUTRAL`, `extra["undone"]`), counted (`undone_ended_episode`); `wrong_steps: undone` does this
+   for every wrong step. Either way the context holds no verdict: the agent never hears at inference that a
+   step was wrong. The real observation of an undone action is kept for audit in the correction's
+   `undone_observation` only. Then the teacher's reflection (an assistant thought, a `MessageAction`
    tagged `extra["kind"] = "revision"`), and the teacher's corrected action, taken in the world.
 3. **continue** — the greedy agent goes on from there, still under review: each later wrong step
    is corrected the same way, up to `max_corrections`; after that the agent continues alone.
+
+The teacher sees what the conversation has revealed, as the agent does: the user's request as the user made it
+(never the task's hidden instruction, such as a simulated user's script), the rules, the tools and the history.
 
 The corrected trajectory opens with the failed one's system step (the prompt its replayed actions
 answered; the agent continues under it) and declares in `details["rewrites"]` what the agent's
@@ -39,7 +45,8 @@ from pydantic import BaseModel, Field, model_validator
 
 from backends.base import LLM
 from converters.export.request import request_for
-from envs.base import ACTION_KINDS, Checkpoint, Environment, Task, is_revision, restore, transitions, undone
+from envs.base import (ACTION_KINDS, MASKED_CONTEXT, Checkpoint, Environment, Task, is_revision, restore, transitions,
+                       undone)
 from filters import step_judge, step_rules
 from generators._episode import Correction, act, continue_episode, renumber_calls
 from generators.agent import AgentPolicy, Proposal
@@ -71,15 +78,14 @@ REVIEW_USER = (
 )
 
 
-# What answers a wrong action in the record: the world was put back to the state before it.
-UNDONE = ("(Not carried out: this action was stopped as wrong and the world was put back to the state before it; "
-          "nothing it did holds.)")
+# What answers an undone wrong action in the record: nothing of it holds, and no verdict is said.
+NEUTRAL = "(no answer)"
 
 
 def undone_observation(observation: Step) -> TextObservation:
-    """The note that replaces a wrong action's observation once the world is restored (same speaker and call id)."""
+    """The neutral observation that replaces an undone action's (same speaker and call id)."""
     source = getattr(observation, "source", "environment")
-    return TextObservation(content=UNDONE, source=source if source in ("user", "environment") else "environment",
+    return TextObservation(content=NEUTRAL, source=source if source in ("user", "environment") else "environment",
                            name=getattr(observation, "name", None), tool_call_id=observation.tool_call_id,
                            train=False, extra={"undone": True})
 
@@ -126,6 +132,10 @@ class ReflectionConfig(EnvMethodConfig):
     max_corrections: int = Field(3, ge=1, description="wrong steps corrected per trajectory; after that the agent "
                                                       "continues unreviewed")
     max_history_chars: int = Field(12_000, ge=500, description="conversation shown to the teacher (head and tail)")
+    wrong_steps: Literal["carried_out", "undone"] = Field(
+        "carried_out", description="carried_out (STeP): a wrong step keeps its real observation and the world goes on "
+                                   "from it (undone where it ended the episode); undone: the world is put back before "
+                                   "it and a neutral observation answers it")
 
 
 class ReplayThenAgent:
@@ -189,17 +199,25 @@ class TeacherReview:
         if verdict.verdict == "correct":
             return None
         assert verdict.action is not None
-        await restore(env, before)  # the corrected action is taken where the wrong one was
         self.counts["corrections"] += 1
         self.proposer.deviated = True
-        wrong = [action.model_copy(update={"train": False, "label": "bad",
-                                           "extra": {**action.extra, "teacher_reason": verdict.reason}}),
-                 undone_observation(observation)]
+        marked = {**action.extra, "teacher_reason": verdict.reason}
+        carried = self.method.config.wrong_steps == "carried_out" and not env.done
+        if carried:  # STeP: the wrong step and what the world answered stay, masked; the world goes on from it
+            wrong = [action.model_copy(update={"train": False, "label": "bad",
+                                               "extra": {**marked, "masked": MASKED_CONTEXT}}), observation]
+        else:  # the corrected action is taken where the wrong one was
+            if self.method.config.wrong_steps == "carried_out":
+                self.counts["undone_ended_episode"] += 1
+            await restore(env, before)
+            wrong = [action.model_copy(update={"train": False, "label": "bad", "extra": marked}),
+                     undone_observation(observation)]
         reflection = MessageAction(content=verdict.reflection.strip(), extra={"kind": "revision"})
         fixed, fixed_observation, result = await act(env, verdict.action.action(), index + 3)
         self.corrections.append({"wrong_step": index, "reason": verdict.reason, "source": self.proposer.source,
                                  "reflection_step": index + 2, "corrected_step": index + 3,
-                                 "undone_observation": step_judge.describe(observation),
+                                 "wrong_step_kept": "carried_out" if carried else "undone",
+                                 **({} if carried else {"undone_observation": step_judge.describe(observation)}),
                                  **({"refused": str(result.info["error"])} if result.info.get("error") else {})})
         return Correction([*wrong, reflection, fixed, fixed_observation], result)
 
@@ -248,7 +266,8 @@ class Reflection(EnvMethod):
             shown = f"{shown[: limit // 4]}\n[...]\n{shown[-(limit - limit // 4):]}"
         system = REVIEW_SYSTEM.replace("{policy}", self._policy_text or "(no rules given)").replace(
             "{tools}", tools_block(self.tools))
-        user = REVIEW_USER.format(task=task.instruction, history=shown,
+        # The request as the conversation made it, never the task's hidden instruction (a simulated user's script).
+        user = REVIEW_USER.format(task=step_judge.task_text(history) or "(no request yet)", history=shown,
                                   step=f"[{len(history)}] AGENT: {step_judge.describe(action)}",
                                   observation=f"    SEEN: {step_judge.describe(observation)}")
         return await self.teacher.structured([{"role": "system", "content": system}, {"role": "user", "content": user}],

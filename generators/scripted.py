@@ -65,7 +65,7 @@ class ScriptedRetailLLM(FakeLLM):
             return [self._to_completion(self._judge(request), request, 0)]
         text = str(request.messages[-1].get("content") or "")
         if REVISION_MARK in text:
-            step = text.split("The wrong step:\n", 1)[1].split("\n\nWhy it was wrong:", 1)[0].strip()
+            step = text.split("The wrong step:\n", 1)[1].split("\n\nWrite ", 1)[0].strip()
             return [self._to_completion(REVISION_ANSWER.format(step=step), request, 0)]
         progress = self._progress(request.messages)
         drawn = int(request.params.get("seed") or 0) if request.n == 1 else 0

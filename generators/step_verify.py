@@ -5,11 +5,21 @@ Input: a dataset directory (`input`); one task per trajectory id; output: the sa
 `extra["judge_reason"]`. The labeler is the LLM step judge (`filters.step_judge`, on the judge
 model), the rules (`filters.step_rules`), or both (`verifier: both`; `labels_from` picks whose
 label is written, the other's goes to `extra["rule_label"]` / `extra["llm_label"]` with its reason).
-Ground truth wins: where a step has a ground-truth label (`replay`, `reference`, below), that label
-is written whatever `verifier` and `labels_from` say, and the judge's goes to `extra["llm_label"]`;
-a judge's label is written only where no ground truth exists. Each labelled step says whose label
-it carries (`extra["judge"]`: `replay`, `reference`, `llm` or `rules`), and the trajectory counts
-them (`details["step_verify"]["label_sources"]`; run counts `labels_from_<source>`).
+Ground truth settles outcomes; policy is the rule check's and the judge's. Where a ground-truth label
+(`replay`, `reference`, below) settles an outcome (an error; a write that matches the reference or moves
+toward the goal state, or one that does not), it is written whatever `verifier` and `labels_from` say,
+and the judge's goes to `extra["llm_label"]`. A read or a message that merely succeeded settles nothing
+(a read before authentication succeeds too): there the judge's label (else the rules') is written. Above
+both, the policy's rule check (`policy_check`, filters/policy_rules.py: the record's tau2 domain, else
+none): a step that acts before authentication or writes without a confirmed yes is labelled bad
+(`policy`), whatever ground truth and the judge say, so it never becomes a desirable KTO row. Each
+labelled step says whose label it carries (`extra["judge"]`: `policy`, `replay`, `reference`, `llm` or
+`rules`), and the trajectory counts them (`details["step_verify"]["label_sources"]`; run counts
+`labels_from_<source>`). Where the judge gave no usable answer (unreachable after its retries, or never a
+valid label: `llm.structured` gives up, ledgered) its steps fall back to the rules' label or stay unlabelled: each such step says so
+(`extra["judge_error"]`, `extra["label_fallback"]`), the trajectory counts them
+(`details["step_verify"]["judge_failed"]`) and the run summary prints the labels by source, fallbacks
+included ("step labels by source").
 
 The judge sees the rules the agent followed: `policy` from the config, else the trajectory's own
 system turn, else the policy of the environment it recorded (`details.env`, rebuilt from its
@@ -41,6 +51,7 @@ from pydantic import Field, model_validator
 from envs.spec import check_env
 from envs.tasks import TaskSourceConfig
 from filters import step_judge, step_rules
+from filters.policy_rules import PolicyCheck, violations_of
 from filters.vision import PageImages
 from generators.base import GenerationMethod, MethodConfig, Role, RunSummary, TaskResult, TaskSpec
 from generators.registry import register_method
@@ -52,6 +63,7 @@ log = logging.getLogger("trajforge.generators")
 
 ACTION_KINDS = ("api", "code", "message")
 SOURCES: tuple[step_rules.ReferenceSource, ...] = ("replay", "reference", "tool_errors")
+LABELS_BY_SOURCE = "step labels by source"
 # How the run summary names each measurement of the judge.
 REPORT_NAMES = {"replay": "judge vs replay labels", "reference": "judge vs reference actions",
                 "tool_errors": "judge vs tool-error rules", "ground_truth": "judge vs ground truth (all)"}
@@ -67,6 +79,9 @@ class StepVerifyConfig(MethodConfig):
                                                  "actions) where a trajectory has them, also with verifier = llm")
     read_only_tools: list[str] | None = Field(None, description="tools that only read, for reference-action labels "
                                                                "(default: tools named with a read verb: get_, find_, ...)")
+    policy_check: PolicyCheck | None = Field(default_factory=PolicyCheck, description=(
+        "the policy's rule check that labels violating steps bad (default: each record's tau2 domain's rules, none "
+        "for other records; null: off)"))
     policy: str | None = Field(None, description="the rules the judged agents followed (default: each trajectory's "
                                                  "system turn, else its environment's policy)")
     max_page_chars: int = Field(step_judge.PAGE_CHARS, ge=200,
@@ -170,7 +185,8 @@ class StepVerify(GenerationMethod):
         for i, j in judged.items():
             if j is None:
                 result.counts["judge_failures"] += 1
-                traj.steps[i].extra["judge_error"] = "no valid answer from the judge"
+                traj.steps[i].extra["judge_error"] = ("no usable answer from the judge (unreachable after its retries, or "
+                                                      "never a valid label: see its failure ledger)")
             else:
                 labels[i] = (j.label, j.reason)
         return labels
@@ -187,20 +203,30 @@ class StepVerify(GenerationMethod):
             if verifier != "llm" or found.ground_truth:
                 reference = found
         rule_labels = {i: (r.label, r.reason) for i, r in reference.labels.items()} if reference and verifier != "llm" else {}
-        # Ground truth (a replay of the world, reference actions) wins over a judge wherever both label a step.
-        truth = ({i: (r.label, r.reason) for i, r in reference.labels.items()}
+        # Ground truth (a replay of the world, reference actions) settles outcomes over a judge; the policy's rule
+        # check wins over both.
+        truth = ({i: (r.label, r.reason) for i, r in reference.labels.items() if r.outcome}
                  if reference is not None and reference.ground_truth else {})
+        policy = self._policy_labels(traj, result)
         llm_first = verifier == "llm" or (verifier == "both" and self.config.labels_from == "llm")
         primary, other = (llm_labels, rule_labels) if llm_first else (rule_labels, llm_labels)
         primary_name, other_name = ("llm", "rules") if llm_first else ("rules", "llm")
         sources: Counter[str] = Counter()
+        failed = 0
         for i in indices:
             step = traj.steps[i]
-            if i in truth:
+            judge_failed = "judge_error" in step.extra
+            failed += judge_failed
+            if i in policy:
+                chosen, source = policy[i], "policy"
+            elif i in truth:
                 assert reference is not None
                 chosen, source = truth[i], reference.source
             else:
                 chosen, source = (primary[i], primary_name) if i in primary else (other.get(i), other_name)
+            if judge_failed:  # what labelled the step instead of the judge, said on the step and counted
+                step.extra["label_fallback"] = source if chosen is not None else "unlabeled"
+                result.counts[f"judge_failed_labelled_by_{step.extra['label_fallback']}"] += 1
             if chosen is not None:
                 step.label, step.extra["judge_reason"] = chosen[0], chosen[1]  # type: ignore[assignment]
                 step.extra["judge"] = source
@@ -222,15 +248,35 @@ class StepVerify(GenerationMethod):
             result.counts.update({f"judge_{reference.source}_{k}": v for k, v in cells.items()})
             traj.details["step_verify"] = {"reference": reference.source, "ground_truth": reference.ground_truth,
                                            **step_judge.agreement(cells)}
-        traj.details.setdefault("step_verify", {})["label_sources"] = dict(sorted(sources.items()))
+        info = traj.details.setdefault("step_verify", {})
+        info["label_sources"] = dict(sorted(sources.items()))
+        if failed:
+            info["judge_failed"] = failed
         traj.provenance.parent_ids = list(dict.fromkeys([*traj.provenance.parent_ids, traj.id]))
         result.trajectories.append(traj)
         return result
 
+    def _policy_labels(self, traj: Trajectory, result: TaskResult) -> dict[int, tuple[str, str]]:
+        """Bad labels for the steps that break the record's policy rules (none where it has none)."""
+        check = self.config.policy_check
+        rules = check.rules(traj.details.get("task")) if check is not None else None
+        if rules is None:
+            return {}
+        result.counts["policy_checked"] += 1
+        return {i: ("bad", f"policy: {rule}: {what}") for i, rule, what in violations_of(traj, rules)}
+
     async def run(self, tasks: Iterable[TaskSpec], output: Dataset, *, progress: Any = None) -> RunSummary:
         summary = await super().run(tasks, output, progress=progress)
         # The whole output, finished units from earlier runs included (the run may have resumed).
-        report = agreement_report(output.unit_counts())
+        counts = output.unit_counts()
+        by_source = {k.removeprefix("labels_from_"): v for k, v in sorted(counts.items()) if k.startswith("labels_from_")}
+        by_source.update({f"judge failed, then {k.removeprefix('judge_failed_labelled_by_')}": v
+                          for k, v in sorted(counts.items()) if k.startswith("judge_failed_labelled_by_")})
+        if counts.get("steps_unlabeled"):
+            by_source["unlabeled"] = counts["steps_unlabeled"]
+        if by_source:
+            summary.report[LABELS_BY_SOURCE] = by_source
+        report = agreement_report(counts)
         if report:
             summary.report.update({REPORT_NAMES[k]: v for k, v in report.items()})
             output.update_manifest(step_verify=report)

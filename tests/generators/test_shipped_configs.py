@@ -36,6 +36,7 @@ from typer.testing import CliRunner
 
 from backends.fake_server import FakeServer, Rule, ToolCallAnswer
 from envs.browser.solvers import parse_axtree
+from envs.scenario_user import CONFIRM_ASK, YES
 from envs.spec import EnvFactory, EnvSpec
 from flows.cli import app
 from flows.agent_r_config import AgentRConfig
@@ -48,6 +49,7 @@ from schemas.store import Dataset
 from tests.conftest import REPO
 from tests.generators._browser_agent import LOGIN, bid, call, first_user
 from tests.generators._generic_model import GIVE_UP, GenericModel, _as_text, _from_text
+from tests.generators._leaks import leaks
 
 CONFIGS = REPO / "configs"
 SHIPPED = {"rollout": "mcp_tau2_retail.yaml", "demonstrations": "demonstrations.yaml", "mcts_splice": "mcts_splice.yaml", "curriculum": "curriculum.yaml",
@@ -140,16 +142,20 @@ def in_my_words(text: str) -> str:
 
 
 def _persona(body: dict[str, Any], references: dict[str, list[Any]]) -> str | None:
-    """The simulated customer: opens with its reason for calling and who it is, in its own words; leaves once
-    answered."""
+    """The simulated customer: opens with its reason for calling and who it is, in its own words; says yes to a
+    stated action; leaves once answered."""
     system = str(body["messages"][0]["content"])
     if "playing a customer" not in system:
         return None
     if any(m["role"] == "assistant" for m in body["messages"]):
-        return "Thanks, that is all. ###STOP###"
+        asked = str(body["messages"][-1].get("content") or "")
+        return YES if "?" in asked and CONFIRM_ASK.search(asked) else "Thanks, that is all. ###STOP###"
     request = next((r for r in references if r in system), "I need help with an order.")
     known = system.split("Known info: ", 1)[1].split("\n", 1)[0] if "Known info: " in system else ""
     return in_my_words(f"{request} {known}".strip())
+
+
+LEAVES_EARLY = "it says goodbye before the customer's request is done"  # a verifier's reason, long enough to quote
 
 
 def _verdicts(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -163,7 +169,7 @@ def _verdicts(body: dict[str, Any]) -> dict[str, Any] | None:
                 index = int(line[1:line.index("]")])
                 bad = "I am done here" in line
                 steps.append({"index": index, "verdict": "Bad" if bad else "Good",
-                              "reason": "it leaves before the request is done" if bad else "fine"})
+                              "reason": LEAVES_EARLY if bad else "fine"})
         return {"steps": steps}
     if system.startswith("You verify the steps"):
         step = prompt.split("The step:\n", 1)[1].split("\n\nAfter the step:", 1)[0]
@@ -238,6 +244,12 @@ class Shipped:
                     "thoughts": [f"To log in as the page's user, step {i + 1}." for i in range(n)]}
         if first.startswith("WRITE CHALLENGE"):
             return CHALLENGE
+        if first.startswith("REVIEW THE AGENT'S STEP"):  # a teacher that restates the task it was shown
+            review = self.generic(body)
+            if review["verdict"] == "wrong":
+                task = first.split("Task: ", 1)[1].split("\n\nConversation so far", 1)[0]
+                review["reflection"] = f"The request is: {task} {review['reflection']}"
+            return review
         if "URL:" in json.dumps(body["messages"][-1]) and "<tool_call>" in system:
             return _login(body)
         return self.generic(body)
@@ -263,8 +275,22 @@ def _references() -> dict[str, list[Any]]:
         return out
 
     done = MessageAction(content="Your order is cancelled. Is there anything else?")
-    return {**asyncio.run(solve()), CANCEL: [ApiAction(function=CANCEL_CALL["name"], arguments=CANCEL_CALL["arguments"]),
-                                             done]}
+    find = ApiAction(function="find_user_id_by_name_zip", arguments={"first_name": "Yusuf", "last_name": "Rossi",
+                                                                      "zip": "19122"})
+    cancel = [find, ApiAction(function=CANCEL_CALL["name"], arguments=CANCEL_CALL["arguments"]), done]
+    reads = set(data["env_config"]["read_only_tools"])
+    return {request: confirmed(actions, reads) for request, actions in {**asyncio.run(solve()), CANCEL: cancel}.items()}
+
+
+def confirmed(actions: list[Any], reads: set[str]) -> list[Any]:
+    """`actions` as an agent that obeys the retail policy plays them: each write stated and asked about first."""
+    out: list[Any] = []
+    for action in actions:
+        if isinstance(action, ApiAction) and action.function not in reads:
+            out.append(MessageAction(content=f"I will {action.function.replace('_', ' ')} with "
+                                             f"{json.dumps(action.arguments)}. Do you confirm (yes/no)?"))
+        out.append(action)
+    return out
 
 
 # ---- runs --------------------------------------------------------------------------------------------
@@ -275,13 +301,47 @@ def _llm(base_url: str, model: str) -> dict[str, Any]:
             "request_timeout_s": 30}
 
 
+# What each method's run changes in its shipped config here (beside the fake server's models and one tau2 task);
+# `SEARCH` stands for mcts_splice's output. Each runs once per module: its own test and the guard read the output.
+SEARCH = "<mcts_splice output>"
+PLACEHOLDER = {"backend": "fake", "model": "reference-solution"}  # as shipped: no model acts (demonstrations)
+SETTINGS: dict[str, dict[str, Any]] = {
+    "rollout": {},
+    # tau2-retail-82: tau2's gold is the return alone, with an order id and item ids nobody said.
+    "demonstrations": {"llm": PLACEHOLDER, "tasks": {"ids": [TASK, "tau2-retail-82"]}},
+    "mcts_splice": {"search": {"iterations": 2, "generations": 2, "max_depth": 8}},
+    "curriculum": {"rollouts": 2},
+    "reflection": {"input": SEARCH, "max_corrections": 1},
+    "step_verify": {"input": SEARCH},
+    "self_challenging": {"challenges": 1, "rollouts": 1, "explore_steps": 1},
+    "simia_sft": {"seeds": [SEARCH], "samples_per_seed": 1, "max_seeds": 2},
+    "ui_simulator": {"rounds": 1, "walk_steps": 2},
+}
+
+
 class Runs:
-    """The shipped configs run through `trajforge generate` against one fake server, outputs under `root`."""
+    """The shipped configs run through `trajforge generate` against one fake server, outputs under `root`; each
+    (method, tag) runs once, and keeps what it printed and the requests it made."""
 
     def __init__(self, root: Path, server: FakeServer) -> None:
         self.root, self.server = root, server
+        self.done: dict[str, tuple[str, Path, list[dict[str, Any]]]] = {}
+
+    def shipped(self, method: str) -> tuple[str, Path]:
+        """The method's run with its SETTINGS (once per module)."""
+        changes = json.loads(json.dumps(SETTINGS[method]).replace(json.dumps(SEARCH), json.dumps(
+            str(self.shipped("mcts_splice")[1])))) if SEARCH in json.dumps(SETTINGS[method]) else SETTINGS[method]
+        return self.run(method, **changes)
+
+    def requests_of(self, method: str, tag: str = "") -> list[dict[str, Any]]:
+        """The requests the fake server got during that run."""
+        return self.done[f"{method}{tag}"][2]
 
     def run(self, method: str, tag: str = "", **changes: Any) -> tuple[str, Path]:
+        if f"{method}{tag}" in self.done:
+            printed, out, _ = self.done[f"{method}{tag}"]
+            return printed, out
+        before = len(self.bodies())
         data = _shipped(SHIPPED[method])
         data["llm"] = _llm(self.server.base_url, "fake-actor")
         for role in ("judge", "teacher"):
@@ -289,7 +349,8 @@ class Runs:
                 data[role] = {**data[role], "llm": _llm(self.server.base_url, f"fake-{role}")}
         if data.get("env") == "mcp":
             data["env_config"]["sessions"] = 1
-            data["tasks"] = {**{k: v for k, v in data["tasks"].items() if k != "n"}, "ids": [TASK]}
+            data["tasks"] = {**{k: v for k, v in data["tasks"].items() if k != "n"}, "ids": [TASK],
+                             **changes.pop("tasks", {})}
         data.update(changes)
         path = self.root / f"{method}{tag}.yaml"
         path.write_text(yaml.safe_dump(data))
@@ -299,6 +360,7 @@ class Runs:
         assert result.exit_code == 0, result.output
         quarantined = list(Dataset.open(out).iter_records("quarantine"))
         assert not quarantined, [q.error for q in quarantined]
+        self.done[f"{method}{tag}"] = (result.output, out, self.bodies()[before:])
         return result.output, out
 
     def bodies(self) -> list[dict[str, Any]]:
@@ -315,8 +377,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def search(runs: Runs) -> Path:
     """mcts_splice's output: failed and solved paths of the task (reflection, step_verify and simia_sft read it)."""
-    _, out = runs.run("mcts_splice", search={"iterations": 2, "generations": 2, "max_depth": 8})
-    return out
+    return runs.shipped("mcts_splice")[1]
 
 
 def _records(out: Path) -> list[Trajectory]:
@@ -325,17 +386,16 @@ def _records(out: Path) -> list[Trajectory]:
 
 
 def test_rollout_solves_the_task_by_tau2s_criteria(runs: Runs) -> None:
-    _, out = runs.run("rollout")
+    _, out = runs.shipped("rollout")
     [t] = _records(out)
     assert t.success and t.reward == 1.0 and t.details["evaluation"]["details"]
     assert t.steps[0].name == "system" and "# Policy" in t.steps[0].content and t.steps[1].source == "user"
 
 
 def test_demonstrations_play_tau2s_gold_actions_and_succeed_without_an_acting_model(runs: Runs) -> None:
-    before = len(runs.bodies())
     # As shipped: no `llm` (the placeholder), so the agent's messages are the blueprint's templates.
-    _, out = runs.run("demonstrations", llm={"backend": "fake", "model": "reference-solution"})
-    [t] = _records(out)
+    _, out = runs.shipped("demonstrations")
+    [t] = [t for t in _records(out) if t.provenance.source_id == TASK]
     assert t.success and t.reward == 1.0 and t.provenance.model == "reference-solution"
     assert t.steps[0].name == "system" and "# Policy" in t.steps[0].content and t.steps[1].source == "user"
     calls = [s.function for s in t.steps if s.kind == "api"]
@@ -343,7 +403,7 @@ def test_demonstrations_play_tau2s_gold_actions_and_succeed_without_an_acting_mo
     # A dialogue that obeys the policy: the scenario user opens in its own words, every write is confirmed.
     assert t.steps[1].content.startswith("I received my order #W2378156") and t.details["dialogue"] == "blueprint"
     assert policy_violations(t.steps, writes=write_tools_of(t)) == [] and t.details["agent_text"] == {"template": 3}
-    assert runs.bodies()[before:] == []  # no model was asked anything
+    assert runs.requests_of("demonstrations") == []  # no model was asked anything
 
 
 def test_mcts_splice_revises_the_wrong_step_the_judge_names_and_pairs_steps_by_monte_carlo_values(
@@ -353,7 +413,7 @@ def test_mcts_splice_revises_the_wrong_step_the_judge_names_and_pairs_steps_by_m
     assert len(spliced) == 2  # the goodbye at the start, and after finding the user
     for t in spliced:
         info = t.details["splice"]
-        assert info["error_source"] == "llm" and info["reason"] == "it leaves before the request is done"
+        assert info["error_source"] == "llm" and info["reason"] == LEAVES_EARLY
         wrong = t.steps[info["first_error"]]
         assert wrong.kind == "message" and wrong.content == GIVE_UP and not wrong.train
         revision = t.steps[info["revision_index"]]
@@ -378,7 +438,7 @@ TASK_REQUEST = "wish to exchange the mechanical keyboard"  # the task's request,
 
 
 def test_curriculum_selects_by_variance_over_distinct_draws_and_verifies_the_evolved_task(runs: Runs) -> None:
-    _, out = runs.run("curriculum", rollouts=2)
+    _, out = runs.shipped("curriculum")
     records = _records(out)
     seed = sorted((t for t in records if t.details["curriculum"]["generation"] == 0), key=lambda t: t.id)
     assert [t.reward for t in seed] == [1.0, 0.0]
@@ -392,7 +452,7 @@ def test_curriculum_selects_by_variance_over_distinct_draws_and_verifies_the_evo
 
 
 def test_reflection_corrects_the_wrong_step_and_succeeds(runs: Runs, search: Path) -> None:
-    _, out = runs.run("reflection", input=str(search), max_corrections=1)
+    _, out = runs.shipped("reflection")
     kept = list(Dataset.open(out).iter_records())
     assert kept and all(t.success for t in kept)
     fixed = kept[0]
@@ -404,7 +464,7 @@ def test_reflection_corrects_the_wrong_step_and_succeeds(runs: Runs, search: Pat
 
 def test_step_verify_judges_the_users_request_and_is_measured_against_reference_actions(
         runs: Runs, search: Path) -> None:
-    printed, out = runs.run("step_verify", input=str(search))
+    printed, out = runs.shipped("step_verify")
     judged = [first_user(b) for b in runs.bodies() if str(b["messages"][0]["content"]).startswith("You verify the steps")]
     tasks = {j.split("Task:\n", 1)[1].split("\n\nBefore the step:", 1)[0] for j in judged}
     assert tasks and all(t.startswith("I received my order #W2378156") for t in tasks)  # the customer's words
@@ -416,17 +476,21 @@ def test_step_verify_judges_the_users_request_and_is_measured_against_reference_
 
 
 def test_self_challenging_writes_under_the_policy_and_scores_rollouts_with_its_verifier(runs: Runs) -> None:
-    _, out = runs.run("self_challenging", challenges=1, rollouts=1, explore_steps=1)
+    _, out = runs.shipped("self_challenging")
     written = [b for b in runs.bodies() if first_user(b).startswith("WRITE CHALLENGE")]
     assert written and "# Policy" in written[-1]["messages"][0]["content"]
     assert "Retail agent policy" in written[-1]["messages"][0]["content"]
     [rollout] = list(Dataset.open(out).iter_records())
-    assert rollout.reward == 1.0 and rollout.details["verifier"]["passed"]
+    assert rollout.reward == 1.0 and rollout.details["verifier"]["passed"] and rollout.success
+    # A user who answers: the agent authenticates, states the cancellation, hears a yes, then cancels (the policy's
+    # rule check finds nothing; without a user, the statement would end the episode before the write).
+    cancel = next(i for i, s in enumerate(rollout.steps) if s.kind == "api" and s.function == CANCEL_CALL["name"])
+    assert rollout.steps[cancel - 1].content == YES and "policy" not in rollout.details
     assert rollout.details["roles"]["challenger"] == "openai:fake-actor"  # the paper's own design, recorded
 
 
 def test_simia_sft_uses_no_failed_episode_and_keeps_each_seeds_policy(runs: Runs, search: Path) -> None:
-    printed, out = runs.run("simia_sft", seeds=[str(search)], samples_per_seed=1, max_seeds=2)
+    printed, out = runs.shipped("simia_sft")
     seeds = {t.id: t for t in Dataset.open(search).iter_records()}
     assert any(t.success is False for t in seeds.values())
     written = list(Dataset.open(out).iter_records())
@@ -446,11 +510,9 @@ def test_simia_sfts_shipped_chain_yields_data_from_seeds_no_model_had_to_solve(r
     (method, config, seeds_out), *_ = re.findall(r"trajforge generate --method (\w+) --config configs/(\S+) "
                                                  r"--output (\S+)", header)
     assert _shipped("simia_sft.yaml")["seeds"] == [seeds_out] and SHIPPED[method] == config
-    before = len(runs.bodies())
-    # As shipped the seeds' config has no acting model (its messages are templates): the fixture's fake actor is
-    # replaced by the in-process placeholder, as in the demonstrations test.
-    _, demos = runs.run(method, "-seeds", llm={"backend": "fake", "model": "reference-solution"})
-    assert runs.bodies()[before:] == []  # no model was asked anything: the seeds do not depend on it
+    # As shipped the seeds' config has no acting model (its messages are templates): the demonstrations run.
+    _, demos = runs.shipped(method)
+    assert runs.requests_of(method) == []  # no model was asked anything: the seeds do not depend on it
     seeds = list(Dataset.open(demos).iter_records())
     assert seeds and all(t.success for t in seeds)
     broken = seeds[0].model_copy(update={"id": f"{seeds[0].id}-broken-user", "details": {
@@ -469,8 +531,7 @@ def test_simia_sfts_shipped_chain_yields_data_from_seeds_no_model_had_to_solve(r
 def test_ui_simulator_trains_on_the_teachers_wrapped_exploration_of_the_simulated_site(runs: Runs) -> None:
     """The paper's loop as shipped: the simulated shop (pages written from recorded real ones), the teacher exploring
     under a guide, the wrapper relabelling, the judge reading the pages; the rows are the wrapped explorations."""
-    before = len(runs.bodies())
-    _, out = runs.run("ui_simulator", rounds=1, walk_steps=2)
+    _, out = runs.shipped("ui_simulator")
     [t] = list(Dataset.open(out).iter_records())
     assert t.details["loop"] == "wrap" and t.details["env"]["name"] == "simulated" and t.success
     assert t.details["explore"]["guides"] == [{"guide": SHOP_GUIDE, "steps": ["Use the click action on the form."] * 2}]
@@ -479,7 +540,7 @@ def test_ui_simulator_trains_on_the_teachers_wrapped_exploration_of_the_simulate
     assert [s.function for s in calls] == ["click", "click"]
     pages = [s for s in t.steps if s.kind == "web"]
     assert pages[0].url == "http://tinyshop.example/" and "Blue hat" in pages[1].axtree
-    bodies = runs.bodies()[before:]
+    bodies = runs.requests_of("ui_simulator")
     assert sum(first_user(b).startswith("SIMULATE PAGE") for b in bodies) == 2
     assert not any(first_user(b).startswith(("PROPOSE TASKS", "REWRITE INSTRUCTION")) for b in bodies)
     assert not any("<tool_call>" in str(b["messages"][0]["content"]) for b in bodies)  # the agent never acted
@@ -510,3 +571,15 @@ def test_ui_simulator_propose_loop_explores_under_guides_judges_and_relabels_tho
     assert t.details["roles"] == {"explorer": "openai:fake-judge", "proposer": "openai:fake-judge",
                                   "judge": "openai:fake-judge", "relabeller": "openai:fake-judge"}
     assert t.details["actor_roles"] == [] and t.details["loop"] == "propose"
+
+
+# ---- the guard -----------------------------------------------------------------------------------------
+
+
+def test_no_trained_row_of_a_shipped_method_holds_what_its_agent_could_not_know(runs: Runs, tmp_path: Path) -> None:
+    """Every shipped method config (tutorial_replay's in tests/generators/test_tutorial_replay.py), its output
+    exported as users export it: no trained text takes a span of 8 words or an id from what the record keeps hidden
+    (the user's scenario, reference calls, guides, verifier, judge and teacher reasons) that its prompt lacks."""
+    assert set(SETTINGS) == set(SHIPPED) - {"tutorial_replay"}
+    found = {method: leaks(runs.shipped(method)[1], tmp_path) for method in SETTINGS}
+    assert not any(found.values()), "\n".join(f"{m}: {len(f)}, e.g. {f[:2]}" for m, f in found.items() if f)

@@ -18,7 +18,7 @@ from filters.step_judge import agreement
 from generators.mcts_splice import MCTSSplice, MCTSSpliceConfig
 from generators.step_verify import StepVerify, StepVerifyConfig
 from generators.scripted import ScriptedRetailLLM, cancel_tasks
-from schemas.models import ApiAction, MessageAction, TextObservation, Trajectory
+from schemas.models import ApiAction, MessageAction, TextObservation, Tool, Trajectory
 from schemas.store import Dataset
 
 
@@ -63,7 +63,10 @@ def test_labels_reasons_and_agreement(tmp_path):
     assert Dataset.open(out).manifest()["step_verify"] == {"replay": stats, "ground_truth": stats}
     assert spliced.details["step_verify"] == {"reference": "replay", "ground_truth": True, "compared": 5,
                                               "accuracy": 1.0, "kappa": 1.0, "bad_precision": 1.0, "bad_recall": 1.0,
-                                              "label_sources": {"replay": 5}}
+                                              "label_sources": {"llm": 3, "replay": 2}}
+    # The replay settles the outcomes (the wrong cancel, the right one); the reads and the final message that merely
+    # succeeded take the judge's label.
+    assert [spliced.steps[i].extra["judge"] for i, _ in labels if i != 4] == ["replay", "llm", "llm", "replay", "llm"]
 
 
 def test_kappa_math():
@@ -191,14 +194,15 @@ def test_judge_is_measured_against_reference_actions_and_the_cli_prints_it(tmp_p
     assert "judge vs reference actions compared 4, accuracy 0.75, kappa 0.5, bad precision 1.0, bad recall 0.5" in printed
     assert "judge LLM calls 5" in printed  # one per agent step
     (out,) = Dataset.open(tmp_path / "verified").iter_records()
-    # Ground truth wins over the judge where both exist: the judge's label is written only at [9], where the
-    # reference actions say nothing; the judge's misses ([5]) stay beside the written label.
+    # Ground truth wins over the judge where it settles an outcome: the judge's label is written at [1] (a read
+    # that succeeded) and [9], where the reference actions say nothing; its misses ([5]) stay beside the label.
     assert out.details["step_verify"] == {"reference": "reference", "ground_truth": True, **stats,
-                                          "label_sources": {"llm": 1, "reference": 4}}
+                                          "label_sources": {"llm": 2, "reference": 3}}
     labels = {i: (s.label, s.extra["judge"], s.extra.get("llm_label"), s.extra.get("truth_reason"))
               for i, s in enumerate(out.steps) if s.kind in ("api", "message")}
+    # Ground truth settles outcomes only: the read that succeeded ([1]) takes the judge's label.
     assert labels == {
-        1: ("good", "reference", "good", "read-only call succeeded"),
+        1: ("good", "llm", None, "read-only call succeeded"),
         3: ("bad", "reference", "bad", "a write (cancel_pending_order) that matches no reference action"),
         5: ("bad", "reference", "good", "tool error: Error: order #W9 not found"),
         7: ("good", "reference", "good", "matches reference action 2 (cancel_pending_order)"),
@@ -290,3 +294,76 @@ def test_the_judge_is_told_the_users_request_not_the_system_turn_as_the_task(tmp
         finally:
             asyncio.run(model.aclose())
     assert tasks and set(tasks) == {"Weather in Paris?"}
+
+
+def _verify(tmp_path: Path, records: list[Trajectory], judge, verifier: str = "llm") -> tuple[str, Dataset]:
+    """step_verify through the CLI on `records`, the judge on the fake server."""
+    from flows.cli import app
+
+    src = Dataset.create(tmp_path / "in")
+    with src.unit("u0") as unit:
+        unit.write_many("trajectories", records)
+    with FakeServer(rules=[Rule(fn=judge)]) as server:
+        llm = {"backend": "openai", "base_url": server.base_url, "api_key_env": None, "max_retries": 0}
+        (tmp_path / "verify.yaml").write_text(yaml.safe_dump({
+            "input": str(tmp_path / "in"), "verifier": verifier, "llm": {**llm, "model": "agent-model"},
+            "judge": {"llm": {**llm, "model": "judge-model", "structured_attempts": 1}}}))
+        run = CliRunner().invoke(app, ["generate", "--method", "step_verify", "--config", str(tmp_path / "verify.yaml"),
+                                       "--output", str(tmp_path / "out")], terminal_width=240)
+    assert run.exit_code == 0, run.output
+    return " ".join(run.output.replace("│", " ").split()), Dataset.open(tmp_path / "out")
+
+
+def test_policy_breaks_are_bad_whatever_ground_truth_and_the_judge_say(tmp_path):
+    """tau2 retail's rules (the record's domain): a private read before authentication and the reference write
+    without a confirmed yes are labelled bad (KTO-undesirable rows) over a judge that calls every step good and a
+    reference that the write matches; the lookup and the read after it take the judge's label."""
+    def call(i: int, name: str, answer: str, **arguments) -> list:
+        return [ApiAction(function=name, arguments=arguments, tool_call_id=f"call_{i}"),
+                TextObservation(content=answer, source="environment", name=name, tool_call_id=f"call_{i}")]
+
+    refs = [{"name": "find_user_id_by_email", "arguments": {"email": "a@b.com"}},
+            {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}}]
+    scenario = {"instructions": {"domain": "retail", "reason_for_call": "Cancel order #W1.", "known_info": "a@b.com"}}
+    task = Task(id="tau2-retail-0", env="mcp", instruction="Cancel order #W1.", goal={"actions": refs},
+                metadata={"user_scenario": scenario})
+    steps = [TextObservation(content="Cancel order #W1, I no longer need it. I am a@b.com.", source="user"),
+             *call(1, "get_order_details", '{"order_id": "#W1"}', order_id="#W1"),    # before authentication
+             *call(3, "find_user_id_by_email", "u1", email="a@b.com"),
+             *call(5, "get_user_details", '{"user_id": "u1"}', user_id="u1"),
+             *call(7, "cancel_pending_order", "ok", order_id="#W1", reason="no longer needed"),  # no yes asked
+             MessageAction(content="Your order is cancelled.")]
+    tools = [Tool(name=n) for n in ("get_order_details", "find_user_id_by_email", "get_user_details",
+                                    "cancel_pending_order")]
+    record = Trajectory(id="mcp/tau2-retail-0", source="rollout", steps=steps, tools=tools, details={
+        "task": task.model_dump(mode="json"),
+        "env_config": {"read_only_tools": ["get_order_details", "find_user_id_by_email", "get_user_details"]}})
+    printed, out = _verify(tmp_path, [record], lambda body: {"label": "good", "reason": "looks right"})
+    (t,) = out.iter_records()
+    labels = {i: (s.label, s.extra["judge"]) for i, s in enumerate(t.steps) if s.kind in ("api", "message")}
+    assert labels == {1: ("bad", "policy"), 3: ("good", "llm"), 5: ("good", "llm"), 7: ("bad", "policy"),
+                      9: ("good", "llm")}
+    assert t.steps[1].extra["judge_reason"].startswith("policy: acts before authentication")
+    assert t.steps[7].extra["judge_reason"].startswith("policy: writes without a confirmation")
+    assert t.steps[7].extra["llm_label"] == "good" and t.steps[7].extra["truth_label"] == "good"
+    assert "step labels by source llm 3, policy 2" in printed
+    export(out.path, tmp_path / "kto", ExportConfig(format="trl-kto"))
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "kto" / "data").to_pylist()
+    undesirable = [r["completion"][0] for r in rows if not r["label"]]
+    assert len(undesirable) == 2 and {c["tool_calls"][0]["function"]["name"] for c in undesirable} == {
+        "get_order_details", "cancel_pending_order"}
+
+
+def test_steps_the_judge_could_not_label_say_what_labelled_them_and_the_summary_counts_them(tmp_path):
+    """A judge that never answers usably: every step says so and what labelled it instead (ground truth where it
+    settles an outcome, else nothing); the record and the printed summary count them by source."""
+    printed, out = _verify(tmp_path, [_reference_trajectory()], lambda body: "no verdict here")
+    (t,) = out.iter_records()
+    fallback = {i: s.extra["label_fallback"] for i, s in enumerate(t.steps) if s.kind in ("api", "message")}
+    assert fallback == {1: "unlabeled", 3: "reference", 5: "reference", 7: "reference", 9: "unlabeled"}
+    assert all("no usable answer from the judge" in t.steps[i].extra["judge_error"] for i in fallback)
+    assert t.details["step_verify"]["judge_failed"] == 5 and t.details["step_verify"]["label_sources"] == {"reference": 3}
+    assert ("step labels by source reference 3, judge failed, then reference 3, judge failed, then unlabeled 2, "
+            "unlabeled 2") in printed

@@ -22,6 +22,7 @@ from generators.tutorial_replay import TutorialReplay, TutorialSite, load_tutori
 from schemas.store import Dataset
 from tests.conftest import REPO
 from tests.generators._browser_agent import LOGIN, ORDER_SOCKS, Move, bid, call, first_user, next_move, text_of
+from tests.generators._leaks import leaks
 
 CONFIG = REPO / "configs" / "tutorial_replay.yaml"
 TUTORIALS = REPO / "samples" / "tutorials"
@@ -333,6 +334,13 @@ def test_exported_rows_of_the_shipped_replays_hold_no_tutorial_step(run: dict[st
         assert not any(step in prompt for spec in SPECS.values() for step in spec["steps"]), row["id"]
 
 
+def test_no_trained_row_of_the_shipped_replays_holds_what_the_agent_could_not_know(run: dict[str, Any],
+                                                                                     tmp_path: Path) -> None:
+    """The guard of tests/generators/test_shipped_configs.py on tutorial_replay's shipped config: no trained text
+    takes a span of 8 words or an id from the tutorial, the spec or the judge's reason that its prompt lacks."""
+    assert leaks(run["out"], tmp_path) == []
+
+
 def test_the_judge_reads_the_pages_not_the_agents_claims_and_replays_are_draws(tmp_path: Path) -> None:
     """A text-mode agent that claims success in its thoughts: the judge does not read the claim (only with
     judge.self_report); the second replay is another draw of the agent, with no attempt marker in its prompt."""
@@ -374,3 +382,54 @@ def test_the_judge_reads_the_pages_not_the_agents_claims_and_replays_are_draws(t
         assert {b.get("seed") for b in agent} == {0, 1}
         assert not any("Attempt" in text_of(b["messages"][0]) for b in agent)
         assert not any("Attempt" in t.steps[0].content or "Attempt" in t.details["replay_prompt"] for t in kept)
+
+
+def test_thoughts_that_quote_the_tutorial_are_removed_or_the_replay_dropped(tmp_path: Path) -> None:
+    """AgentTrek trains on the task, not the tutorial: a thought that repeats the tutorial word for word (which the
+    goal-only rows do not hold) is removed and its action kept, declared written (`tutorial_quotes: strip`), or the
+    replay is dropped with the quote (`drop`); the thought that quotes nothing stays."""
+    tid = "tiny-shop-find-a-price"
+    quote = "The tutorial says to click the Search box and type the product you want."
+    own = "The scarf is listed, so I can read its price."
+
+    def script(body: dict[str, Any]) -> Any:
+        first = first_user(body)
+        if first.startswith("CLASSIFY THIS TEXT"):
+            return CLASSES[tid]
+        if first.startswith("WRITE THE TASK SPEC"):
+            return {**SPECS[tid], "start_url": "/search.html?q=scarf"}
+        if first.startswith("SIMULATE"):
+            return {"url": "https://tinyshop.example/search.html?q=scarf", "done": False,
+                    "axtree": '{"elements": [{"bid": "1", "role": "link", "name": "Green scarf 9.00"}]}'}
+        if first.startswith("JUDGE THIS REPLAY"):
+            return {"reason": "the page lists the scarf", "success": True}
+        if "<tool_call>" in text_of(body["messages"][0]):
+            turns = sum(1 for m in body["messages"] if m["role"] == "assistant")
+            if turns >= 2:
+                return "The green scarf costs 9.00."
+            thought = quote if turns == 0 else own
+            return f'{thought}\n<tool_call>{{"name": "click", "arguments": {{"bid": "1"}}}}</tool_call>'
+        return None
+
+    kept = {}
+    for mode in ("strip", "drop"):
+        out = tmp_path / mode
+        with FakeServer(rules=[Rule(fn=script)]) as server:
+            cfg = _config(server.base_url, [str(TUTORIALS / f"{tid}.md")], env="simulated", agent_mode="text",
+                          env_config={"mode": "web", "policy": "Tiny Shop, a small web shop."}, tutorial_quotes=mode,
+                          sites=[{**SITES[0], "url": "https://tinyshop.example/"}],
+                          judge={"llm": _llm(server.base_url, "fake-judge")})
+            summary = asyncio.run(generate(load_config(cfg), out))
+        kept[mode] = list(Dataset.open(out).iter_records())
+        if mode == "strip":
+            (t,) = kept[mode]
+            calls = [i for i, s in enumerate(t.steps) if s.kind == "api"]
+            assert [t.steps[i].thought for i in calls] == [None, own]
+            assert t.details["tutorial_quotes"] == {"stripped": [calls[0]]}
+            assert {"steps": [calls[0]], "kind": "written", "reason": t.details["rewrites"][-1]["reason"]} \
+                == t.details["rewrites"][-1] and calls[0] not in t.details["rewrites"][0]["steps"]
+            assert summary.counts["tutorial_quotes_stripped"] == 1
+        else:
+            (f,) = Dataset.open(out).iter_records("filtered")
+            assert not kept[mode] and f.decision.filter == "tutorial_quote"
+            assert "click the search box and type the product" in f.decision.reason
