@@ -31,6 +31,8 @@ VERIFIERS_PROJECT = REPO / "integrations" / "verifiers" / "pyproject.toml"
 SERVERS: dict[str, tuple[str, ...]] = {
     "sqlite": ("mcp-server-sqlite==2025.4.25", "mcp<2"),
     "git": ("mcp-server-git==2026.10.19",),
+    # tau2-bench's mock domain over a server that sets each task up itself when its reset tool names the task.
+    "tau2-mock": ("tau2-mock-mcp-eval==0.4.0",),
     "verifiers": tuple(tomllib.loads(VERIFIERS_PROJECT.read_text())["project"]["dependencies"]),
 }
 INSTALL_TIMEOUT_S = 900
