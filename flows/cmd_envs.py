@@ -176,10 +176,10 @@ def _max_steps(data: dict[str, Any]) -> int | None:
 
 async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, max_steps: int | None) -> CheckReport:
     from envs.check import check_env
-    from envs.spec import EnvFactory
+    from envs.spec import EnvFactory, uses_method_model
 
     llm = None
-    if llm_config is not None and _needs_method_llm(spec):
+    if llm_config is not None and uses_method_model(spec):
         from backends.registry import make_llm
 
         llm = make_llm(llm_config)
@@ -197,14 +197,6 @@ async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, 
             await llm.aclose()
 
 
-def _needs_method_llm(spec: EnvSpec) -> bool:
-    """Whether a part of the world uses the method's model (the config's `llm`): a user, a judge, a simulator."""
-    from envs.registry import env_class
-
-    judge = spec.env_config.get("judge")
-    return ((spec.user.kind == "llm" and spec.user.llm is None)
-            or (isinstance(judge, dict) and judge.get("llm") is None)
-            or (getattr(env_class(spec.env), "needs_llm", False) and spec.env_config.get("llm") is None))
 
 
 def _print(report: CheckReport, kept: Path | None) -> None:
