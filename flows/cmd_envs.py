@@ -1,5 +1,6 @@
 """`trajforge envs`: list the environments; `envs check`: validate one before a run; `envs tasks` and
-`envs episode`: a config's tasks and one episode of one, as JSON, for a trainer outside trajforge (verifiers)."""
+`envs episode`: a config's tasks and one episode of one, as JSON, for a trainer outside trajforge (verifiers);
+`envs serve`: a config's world as an OpenEnv environment server."""
 
 from __future__ import annotations
 
@@ -151,6 +152,41 @@ def episode_cmd(
     except (EnvError, ValueError) as exc:
         fail(f"{config}: {exc}")
     typer.echo(json.dumps(result))
+
+
+@app.command("serve")
+def serve_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="A rollout config (env, env_config, tasks, user, "
+                                                                "max_steps; llm only where a user or judge needs it).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The dataset the episodes go to (new, or one this "
+                                                                "command wrote for the same config).")],
+    host: Annotated[str, typer.Option(help="The address to serve on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The port to serve on.")] = 8000,
+    max_sessions: Annotated[int, typer.Option(min=1, help="OpenEnv sessions at once.")] = 8,
+    openenv_python: Annotated[Optional[str], typer.Option(help="The OpenEnv venv's python (default: "
+                                                               "$TRAJFORGE_OPENENV_PYTHON, else .venv-openenv/bin/python)")] = None,
+) -> None:
+    """Serve the config's world as an OpenEnv environment (reset / step / state, tool calls as MCP actions), each
+    episode a trajectory in OUTPUT; until Ctrl-C or SIGTERM, then a summary."""
+    from schemas.store import StoreError
+    from training.openenv_serve import openenv_python as find_python
+    from training.openenv_serve import serve
+
+    data = read_config_mapping(config)
+    try:
+        python = find_python(openenv_python)
+        counts = asyncio.run(serve(data, output, host=host, port=port, max_sessions=max_sessions, python=python,
+                                   say=lambda line: err_console.print(line, highlight=False, markup=False)))
+    except TaskFileError as exc:
+        fail(f"{exc} (tasks of {config})")
+    except StoreError as exc:
+        fail(str(exc))
+    except (EnvError, ValueError, OSError) as exc:
+        fail(f"{config}: {exc}")
+    episodes = counts.get("tasks", 0)
+    console.print(f"served {episodes} episode(s): {counts.get('trajectories', 0)} trajectories "
+                  f"({counts.get('successes', 0)} successful), {counts.get('quarantine', 0)} quarantined; "
+                  f"dataset {output}", highlight=False)
 
 
 def _kept(scratch: Path, failed: bool) -> Path | None:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from backends.registry import make_llm
 from converters.export.render import RenderOptions, observation_text
@@ -121,7 +122,9 @@ class DrivenWorld:
         self.store: Dataset | None = None
         self.summary = RunSummary("rollout", env=self.config.env)
         self.episodes: Counter[str] = Counter()  # per task: its episodes so far (the next one's k)
-        self.running: set[asyncio.Task[Any]] = set()
+        self.sessions: weakref.WeakSet[DrivenSession] = weakref.WeakSet()
+        # Told of each episode that ended (its last turn): progress lines.
+        self.on_episode: Callable[[Turn], None] | None = None
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -191,7 +194,9 @@ class DrivenWorld:
         return min(tasks, key=lambda t: self.episodes[t.id])
 
     def session(self, model: str | None = None) -> DrivenSession:
-        return DrivenSession(self, model)
+        session = DrivenSession(self, model)
+        self.sessions.add(session)
+        return session
 
     async def play(self, task: Task, agent: CallerAgent) -> TaskResult:
         """One episode of `task` with `agent` acting, committed when it ends."""
@@ -209,8 +214,8 @@ class DrivenWorld:
     async def close(self) -> dict[str, Any]:
         """End the episodes still running (evaluated as they stand), stop the world, mark the dataset complete;
         the counts."""
-        for running in list(self.running):
-            await asyncio.wait({running}, timeout=60)
+        for session in list(self.sessions):
+            await session.end()
         if self.method is not None:
             await self.method.teardown()
             if self.method.llm is not None:
@@ -233,6 +238,7 @@ class DrivenSession:
         self.shown = 0  # steps of the history the caller has seen
         self.actions = 0
         self.last: Turn | None = None
+        self._lock = asyncio.Lock()  # one request at a time: a reset, an action, the end
 
     @property
     def done(self) -> bool:
@@ -243,16 +249,22 @@ class DrivenSession:
         """A fresh episode (the one running, if any, ends first); its opening: the user's request, a first page."""
         chosen = self.world.task(task=task, index=index, seed=seed)
         await self.end()
+        async with self._lock:
+            return await self._start(chosen, model)
+
+    async def _start(self, chosen: Task, model: str | None) -> Turn:
         self.model = model or self.model
         self.agent = CallerAgent(system_step(self.world.system_prompt()), self.model)
         self.task, self.shown, self.actions = chosen, 0, 0
         self.episode = asyncio.create_task(self.world.play(chosen, self.agent))
-        self.world.running.add(self.episode)
-        self.episode.add_done_callback(self.world.running.discard)
         return await self._next()
 
     async def step(self, name: str, arguments: Any, tokens: dict[str, Any] | None = None) -> Turn:
         """One action: a call of one of the world's tools, or of the message tool; the world's answer."""
+        async with self._lock:
+            return await self._act(name, arguments, tokens)
+
+    async def _act(self, name: str, arguments: Any, tokens: dict[str, Any] | None) -> Turn:
         if self.agent is None or self.task is None:
             raise CallerError("no episode: reset first")
         if self.done:
@@ -272,10 +284,11 @@ class DrivenSession:
 
     async def end(self) -> Turn | None:
         """Stop acting: the running episode ends where it stands, evaluated and recorded; its last turn."""
-        if self.agent is None or self.done:
-            return self.last
-        self.agent.actions.put_nowait(None)
-        return await self._next()
+        async with self._lock:
+            if self.agent is None or self.done:
+                return self.last
+            self.agent.actions.put_nowait(None)
+            return await self._next()
 
     def state(self) -> dict[str, Any]:
         """The episode's state: task, record, actions, done, reward, the world's tools."""
@@ -293,7 +306,7 @@ class DrivenSession:
             turn = Turn(self._shown(history), info=self._info())
         else:
             waiting.cancel()
-            turn = self._ended(self.episode.result())
+            turn = self._told(self._ended(self.episode.result()))
         self.last = turn
         return turn
 
@@ -316,6 +329,11 @@ class DrivenSession:
         info.update(record=record.id, stop_reason=record.details.get("stop_reason"),
                     reason=(record.details.get("evaluation") or {}).get("reason"))
         return Turn(self._shown(record.steps), True, record.reward, record.success, info)
+
+    def _told(self, turn: Turn) -> Turn:
+        if turn.done and self.world.on_episode is not None:
+            self.world.on_episode(turn)
+        return turn
 
 
 def caller_tokens(tokens: dict[str, Any], model: str | None) -> Tokens:
