@@ -6,8 +6,8 @@ the world itself; each OpenEnv session (a WebSocket of `EnvClient`, or an HTTP M
 isolated from every other's. Actions are OpenEnv's MCP actions: `ListToolsAction` lists the world's tools (the
 message tool `respond` last), `CallToolAction` takes one action; its `metadata` may carry the model's token ids
 (`prompt_ids`, `completion_ids`, `logprobs`), which the episode's record keeps. `reset(task=ID | index=N | seed=S,
-model=NAME)` opens an episode: the user's request and the world's first observation, the system prompt offered to
-the agent, the tools. Observations carry the reward (the world's own evaluation) and `done` when the episode ends.
+model=NAME)` opens an episode: the user's request and the world's first observation, and the system prompt offered
+to the agent (`list_tools` gives the tools). Observations carry the reward (the world's own evaluation) and `done` when the episode ends.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ class TrajforgeObservation(Observation):
 
     text: str = Field(description="the user's request and the world's first observation")
     system_prompt: str = Field(description="the system prompt offered to the agent (how to act, the world's policy)")
-    tools: list[Tool] = Field(default_factory=list, description="the tools, the message tool last")
     task: Optional[str] = None
 
 
@@ -84,7 +83,7 @@ class TrajforgeEnvironment(Environment):
         if not answer["ok"]:
             raise ValueError(answer["error"])
         self._state = State(episode_id=episode_id or answer.get("task"), step_count=0, task=answer.get("task"))
-        return TrajforgeObservation(text=answer["text"], system_prompt=answer["system_prompt"], tools=self.tools,
+        return TrajforgeObservation(text=answer["text"], system_prompt=answer["system_prompt"],
                                     task=answer.get("task"), done=answer["done"], reward=answer.get("reward"),
                                     metadata=_metadata(answer))
 
