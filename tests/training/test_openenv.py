@@ -173,3 +173,23 @@ def test_openenv_client_clicks_a_miniwob_page(tmp_path):
     [record] = list(Dataset.open(out).iter_records())
     assert record.reward == 1.0 and record.id == "rollout/miniwob/click-button/0#0"
     assert "episode 1: rollout/miniwob/click-button/0#0: reward 1 (1 actions, done)" in printed
+
+
+def test_serve_refuses_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from tests.cli_errors import one_error_line
+
+    config = tmp_path / "world.yaml"
+    config.write_text(yaml.safe_dump({"env": "retail", "tasks": {"source": "env", "n": 1}}))
+    run = CliRunner().invoke(app, ["envs", "serve", "--config", str(config), "--output", str(tmp_path / "o"),
+                                   "--openenv-python", str(tmp_path / "no-python")])
+    one_error_line(run, "not an executable Python", "make openenv")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    run = CliRunner().invoke(app, ["envs", "serve", "--config", str(config), "--output", str(foreign),
+                                   "--openenv-python", sys.executable])
+    one_error_line(run, str(foreign))
+    assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
