@@ -163,6 +163,8 @@ def serve_cmd(
     host: Annotated[str, typer.Option(help="The address to serve on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="The port to serve on.")] = 8000,
     max_sessions: Annotated[int, typer.Option(min=1, help="OpenEnv sessions at once.")] = 8,
+    message_tool: Annotated[str, typer.Option(help="The tool through which the agent speaks to the user (or gives "
+                                                   "its final answer).")] = "respond",
     openenv_python: Annotated[Optional[str], typer.Option(help="The OpenEnv venv's python (default: "
                                                                "$TRAJFORGE_OPENENV_PYTHON, else .venv-openenv/bin/python)")] = None,
 ) -> None:
@@ -176,7 +178,7 @@ def serve_cmd(
     try:
         python = find_python(openenv_python)
         counts = asyncio.run(serve(data, output, host=host, port=port, max_sessions=max_sessions, python=python,
-                                   say=lambda line: err_console.print(line, highlight=False, markup=False)))
+                                   message_tool=message_tool, say=lambda line: err_console.print(line, highlight=False, markup=False)))
     except TaskFileError as exc:
         fail(f"{exc} (tasks of {config})")
     except StoreError as exc:

@@ -141,7 +141,7 @@ class DrivenWorld:
             raise ValueError("the config's task source gave no tasks")
         if any(t.name == self.message_tool for t in method.tools):
             raise ValueError(f"the world has a tool named {self.message_tool!r}, the name of the message tool: "
-                             "choose another (message_tool)")
+                             "choose another (--message-tool, message_tool=)")
         for unit in store.finished_units().values():  # a dataset served before: k goes on from its episodes
             for spec_id in unit.get("meta", {}).get("task_ids", []):
                 task_id, _, k = spec_id.rpartition("#")

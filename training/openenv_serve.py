@@ -138,13 +138,14 @@ async def wait_ready(host: str, port: int, child: subprocess.Popen, log: Path) -
 
 
 async def serve(config: dict[str, Any], output: Path, *, host: str, port: int, max_sessions: int, python: str,
-                say: Callable[[str], None], stop: asyncio.Event | None = None) -> dict[str, Any]:
+                say: Callable[[str], None], message_tool: str = "respond",
+                stop: asyncio.Event | None = None) -> dict[str, Any]:
     """Serve `config`'s world over OpenEnv until SIGINT / SIGTERM (or `stop`); the dataset's counts."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    world = DrivenWorld(config, output, driver="openenv")
+    world = DrivenWorld(config, output, driver="openenv", message_tool=message_tool)
     child: subprocess.Popen | None = None
     scratch = tempfile.TemporaryDirectory(prefix="trajforge-serve-")
     try:
