@@ -24,7 +24,7 @@ export HF_HUB_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: demo test bench install clean system-deps verifiers llama-cpp lock
+.PHONY: demo test bench install clean system-deps verifiers openenv llama-cpp lock
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -113,6 +113,16 @@ $(VF_VENV)/.installed: integrations/verifiers/pyproject.toml
 	touch $@
 
 verifiers: $(VF_VENV)/.installed $(VENV)/.installed-base
+
+# The OpenEnv server of `trajforge envs serve` (integrations/openenv) in a venv of its own: openenv 0.10.0 needs
+# fastmcp 3, which pins the mcp SDK below 2; trajforge needs 2.x. `trajforge envs serve` finds it at .venv-openenv.
+OE_VENV ?= .venv-openenv
+$(OE_VENV)/.installed: integrations/openenv/pyproject.toml
+	$(PYTHON) -m venv $(OE_VENV)
+	$(OE_VENV)/bin/python -m pip install -q -e integrations/openenv
+	touch $@
+
+openenv: $(OE_VENV)/.installed $(VENV)/.installed-base
 
 # The tests run the PyPI reference MCP servers and verifiers from venvs of their own (mcp-server-sqlite
 # needs the mcp SDK 1.x): made once, cached under ~/.cache/trajforge-tests (tests/server_venvs.py).

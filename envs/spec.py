@@ -83,6 +83,14 @@ def check_env_config(name: str, cls: Any, config: dict[str, Any]) -> None:
                          f" (accepted: {allowed or 'none'})")
 
 
+def uses_method_model(spec: EnvSpec) -> bool:
+    """Whether a part of the world uses the method's model (the config's `llm`): a user, a judge, a simulator."""
+    judge = spec.env_config.get("judge")
+    return ((spec.user.kind == "llm" and spec.user.llm is None)
+            or (isinstance(judge, dict) and judge.get("llm") is None)
+            or (getattr(env_class(spec.env), "needs_llm", False) and spec.env_config.get("llm") is None))
+
+
 class EnvFactory:
     """Builds (unstarted) environments of one spec; `async with factory.make() as env:` starts one."""
 

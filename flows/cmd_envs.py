@@ -1,5 +1,6 @@
 """`trajforge envs`: list the environments; `envs check`: validate one before a run; `envs tasks` and
-`envs episode`: a config's tasks and one episode of one, as JSON, for a trainer outside trajforge (verifiers)."""
+`envs episode`: a config's tasks and one episode of one, as JSON, for a trainer outside trajforge (verifiers);
+`envs serve`: a config's world as an OpenEnv environment server."""
 
 from __future__ import annotations
 
@@ -153,6 +154,43 @@ def episode_cmd(
     typer.echo(json.dumps(result))
 
 
+@app.command("serve")
+def serve_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="A rollout config (env, env_config, tasks, user, "
+                                                                "max_steps; llm only where a user or judge needs it).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The dataset the episodes go to (new, or one this "
+                                                                "command wrote for the same config).")],
+    host: Annotated[str, typer.Option(help="The address to serve on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The port to serve on.")] = 8000,
+    max_sessions: Annotated[int, typer.Option(min=1, help="OpenEnv sessions at once.")] = 8,
+    message_tool: Annotated[str, typer.Option(help="The tool through which the agent speaks to the user (or gives "
+                                                   "its final answer).")] = "respond",
+    openenv_python: Annotated[Optional[str], typer.Option(help="The OpenEnv venv's python (default: "
+                                                               "$TRAJFORGE_OPENENV_PYTHON, else .venv-openenv/bin/python)")] = None,
+) -> None:
+    """Serve the config's world as an OpenEnv environment (reset / step / state, tool calls as MCP actions), each
+    episode a trajectory in OUTPUT; until Ctrl-C or SIGTERM, then a summary."""
+    from schemas.store import StoreError
+    from training.openenv_serve import openenv_python as find_python
+    from training.openenv_serve import serve
+
+    data = read_config_mapping(config)
+    try:
+        python = find_python(openenv_python)
+        counts = asyncio.run(serve(data, output, host=host, port=port, max_sessions=max_sessions, python=python,
+                                   message_tool=message_tool, say=lambda line: err_console.print(line, highlight=False, markup=False)))
+    except TaskFileError as exc:
+        fail(f"{exc} (tasks of {config})")
+    except StoreError as exc:
+        fail(str(exc))
+    except (EnvError, ValueError, OSError) as exc:
+        fail(f"{config}: {exc}")
+    episodes = counts.get("tasks", 0)
+    console.print(f"served {episodes} episode(s): {counts.get('trajectories', 0)} trajectories "
+                  f"({counts.get('successes', 0)} successful), {counts.get('quarantine', 0)} quarantined; "
+                  f"dataset {output}", highlight=False)
+
+
 def _kept(scratch: Path, failed: bool) -> Path | None:
     """The check's folder where it is worth keeping (a failure left files in it: server logs); else removed."""
     if failed and any(p.is_file() for p in scratch.rglob("*")):
@@ -176,10 +214,10 @@ def _max_steps(data: dict[str, Any]) -> int | None:
 
 async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, max_steps: int | None) -> CheckReport:
     from envs.check import check_env
-    from envs.spec import EnvFactory
+    from envs.spec import EnvFactory, uses_method_model
 
     llm = None
-    if llm_config is not None and _needs_method_llm(spec):
+    if llm_config is not None and uses_method_model(spec):
         from backends.registry import make_llm
 
         llm = make_llm(llm_config)
@@ -197,14 +235,6 @@ async def _run(spec: EnvSpec, llm_config: Any, concurrency: int, scratch: Path, 
             await llm.aclose()
 
 
-def _needs_method_llm(spec: EnvSpec) -> bool:
-    """Whether a part of the world uses the method's model (the config's `llm`): a user, a judge, a simulator."""
-    from envs.registry import env_class
-
-    judge = spec.env_config.get("judge")
-    return ((spec.user.kind == "llm" and spec.user.llm is None)
-            or (isinstance(judge, dict) and judge.get("llm") is None)
-            or (getattr(env_class(spec.env), "needs_llm", False) and spec.env_config.get("llm") is None))
 
 
 def _print(report: CheckReport, kept: Path | None) -> None:

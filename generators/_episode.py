@@ -83,7 +83,7 @@ class Episode:
 
     steps: list[Step]
     evaluation: Evaluation | None
-    stop_reason: str  # "done" | "max_steps" | "max_parse_failures"
+    stop_reason: str  # "done" | "max_steps" | "max_parse_failures" | "ended" (the policy stopped acting)
     actions: int = 0
     parse_failures: int = 0
     failure_reasons: Counter[str] = field(default_factory=Counter)
@@ -198,6 +198,9 @@ async def continue_episode(
         episode.stop_reason = "done"
     while not episode.done and episode.actions < max_steps and not getattr(policy, "finished", False):
         proposal = (await policy.propose(steps))[0]
+        if proposal.end:
+            episode.stop_reason = "ended"
+            break
         if proposal.action is None:
             episode.parse_failures += 1
             error = proposal.error or "no action"

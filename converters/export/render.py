@@ -557,6 +557,11 @@ class Turn:
         return self.message["role"] == "assistant"
 
 
+def observation_text(step: Any, opts: RenderOptions) -> str:
+    """An observation step as the text of its message (a page: its URL, its tree or HTML cut at the limit)."""
+    return _observation_text(step, opts)
+
+
 def _observation_text(step: Any, opts: RenderOptions) -> str:
     kind = step.kind
     if kind == "text":

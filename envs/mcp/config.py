@@ -7,6 +7,7 @@
     include / exclude: [tool names]          # which of the server's tools the agent sees
     hidden_arguments: {state_key: "trajforge/{episode}"}
     reset_tool: {name: reset_state, arguments: {state_key: "trajforge/{episode}"}}
+    reset_tool: {name: reset_state, arguments: {task_id: "{task_id}"}, initializes: true}   # sets up the task itself
     state_digest: {name: db_hash, arguments: {...}, result_path: hash}     # a tool of the server, or
     state_digest: {command: [git, -C, "{tmpdir}/{episode}/repo", log, --format=%T]}   # a command, or
     state_digest: {sql: "SELECT * FROM orders ORDER BY id", database: "{tmpdir}/shop.db"}  # a query
@@ -23,8 +24,9 @@ each episode gets a fresh server session (process) of its own, unless the server
 Placeholders: `{tmpdir}` is a private directory made for each server process (stdio) and removed
 when it stops (state files of different runs and processes never collide, and none are left
 behind): it expands in the server's `args`, `env` and `cwd`, in hidden arguments, reset and digest
-settings. `{episode}` is the environment's episode key and `{task}` the task id, in hidden
-arguments, reset and digest settings and fixture destinations; in a path (a value holding
+settings. `{episode}` is the environment's episode key, `{task}` the task id and `{task_id}` the
+task's own id in its source (tau2's `id`, before trajforge's prefix), in hidden arguments, reset and
+digest settings and fixture destinations; in a path (a value holding
 `{tmpdir}`, a fixture destination) `{episode}` is the key made safe for a file name. `${NAME}` in
 the server's `env` and `headers` is read from trajforge's own environment when the server starts,
 so secrets stay out of configs, logs and records.
@@ -53,6 +55,7 @@ from envs.tasks import Interpreter, TaskFileError, resolve_path
 _SECRET = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TMPDIR = "{tmpdir}"
 EPISODE = "{episode}"
+TASK_ID = "{task_id}"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 Isolation = Literal["key", "reset", "restart", "none"]
 
@@ -91,7 +94,7 @@ class ServerConfig(BaseModel):
             raise ValueError("args, env, cwd, venv and path are for stdio servers (command), not url")
         for where, value in (("command/args", " ".join(self.argv)), ("env", json.dumps(self.env)),
                              ("cwd", self.cwd or "")):
-            for word in (EPISODE, "{task}"):
+            for word in (EPISODE, "{task}", TASK_ID):
                 if word in value:
                     raise ValueError(f"{word} in the server's {where}: a server process serves many episodes; "
                                      f"put {word} in hidden_arguments, reset or digest settings, or fixture paths")
@@ -162,6 +165,9 @@ class ToolCallConfig(BaseModel):
     name: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
     result_path: str | None = Field(None, description="where the value sits in a structured result")
+    initializes: bool = Field(False, description=(
+        "a reset tool only: the call sets up the task itself (tau2's initial_state: initialization data, "
+        "initialization actions, the calls of the message history), so trajforge applies none of it"))
 
 
 class DigestConfig(BaseModel):
@@ -246,6 +252,8 @@ class MCPConfig(BaseModel):
     user_tool_prefix: str | None = Field(None, min_length=1, description=(
         "server tools named <prefix><name> are the simulated user's (tau2's user tools, dual control): never "
         "listed to the agent; tau2's user-side set-up calls, reference actions and env assertions call them"))
+    user_tools: list[str] = Field(default_factory=list, description=(
+        "server tools that are the simulated user's under their plain names (as user_tool_prefix, named one by one)"))
     initialization_tool: str | None = Field(None, description=(
         "the server tool that applies tau2's initialization_data (called with agent_data and user_data)"))
     stateless: bool = Field(False, description="the server keeps no state: episodes may share sessions freely")
@@ -270,6 +278,9 @@ class MCPConfig(BaseModel):
                                      "(stdio); an HTTP server has none")
             if self.fixtures is not None or (self.state_digest is not None and self.state_digest.name is None):
                 raise ValueError("fixtures and command or sql digests are for stdio servers (command), not url")
+        if self.reset_tool is not None and self.reset_tool.initializes and self.initialization_tool is not None:
+            raise ValueError("reset_tool: initializes says the reset tool sets up the task; initialization_tool "
+                             "would apply its initialization_data a second time: give one of them")
         if self.fixtures is not None and self.fixtures.reset == "episode" and self.isolation() in ("key", "none"):
             raise ValueError("fixtures: reset: episode copies into the server's {tmpdir} before every episode, but "
                              "episodes share a server session at once here: put {episode} in the destination instead")
@@ -312,19 +323,20 @@ def safe_name(key: str) -> str:
     return _UNSAFE.sub("_", key).strip(".") or "_"
 
 
-def bind(value: Any, *, episode: str, task: str, tmpdir: str | None = None) -> Any:
-    """`value` with `{episode}`, `{task}` and `{tmpdir}` filled in every string, however deeply nested.
+def bind(value: Any, *, episode: str, task: str, tmpdir: str | None = None, task_id: str | None = None) -> Any:
+    """`value` with `{episode}`, `{task}`, `{task_id}` (default: `task`) and `{tmpdir}` filled in every string,
+    however deeply nested.
 
     In a string that holds `{tmpdir}` (a path), `{episode}` is the path-safe form of the key.
     """
     if isinstance(value, str):
         if tmpdir is not None and TMPDIR in value:
             value = value.replace(TMPDIR, tmpdir).replace(EPISODE, safe_name(episode))
-        return value.replace(EPISODE, episode).replace("{task}", task)
+        return value.replace(EPISODE, episode).replace(TASK_ID, task if task_id is None else task_id).replace("{task}", task)
     if isinstance(value, dict):
-        return {k: bind(v, episode=episode, task=task, tmpdir=tmpdir) for k, v in value.items()}
+        return {k: bind(v, episode=episode, task=task, tmpdir=tmpdir, task_id=task_id) for k, v in value.items()}
     if isinstance(value, list):
-        return [bind(v, episode=episode, task=task, tmpdir=tmpdir) for v in value]
+        return [bind(v, episode=episode, task=task, tmpdir=tmpdir, task_id=task_id) for v in value]
     return value
 
 

@@ -64,16 +64,34 @@ def agent_tools(config: MCPConfig, listed: Sequence[MCPTool]) -> list[Tool]:
             raise ConfigError(f"mcp env_config: the server has no tool {control.name!r}")
     if config.initialization_tool is not None and config.initialization_tool not in names:
         raise ConfigError(f"mcp env_config: initialization_tool: the server has no tool {config.initialization_tool!r}")
+    unknown = sorted(set(config.user_tools) - names)
+    if unknown:
+        raise ConfigError(f"mcp env_config: user_tools names tools the server does not have: {', '.join(unknown)}")
     hidden = set(config.hidden_arguments)
     skip = set(config.exclude) | config.control_tools() | ({config.initialization_tool} - {None})
     out = []
     for tool in listed:
         if tool.name in skip or (config.include is not None and tool.name not in config.include):
             continue
-        if config.user_tool_prefix is not None and tool.name.startswith(config.user_tool_prefix):
+        if user_tool_name(config, tool.name) is not None:
             continue  # the user's tool
         out.append(visible(tool, hidden))
     return out
+
+
+def user_tool_name(config: MCPConfig, server_name: str) -> str | None:
+    """The user's name for a server tool that is the simulated user's (`user_tools`, or `user_tool_prefix` removed);
+    None for any other tool."""
+    if server_name in config.user_tools:
+        return server_name
+    if config.user_tool_prefix is not None and server_name.startswith(config.user_tool_prefix):
+        return server_name.removeprefix(config.user_tool_prefix)
+    return None
+
+
+def source_id(task: Task) -> str:
+    """The task's own id in its source (`{task_id}`): tau2's id before trajforge's prefix, else the task id."""
+    return str(task.metadata.get("upstream_id") or task.id)
 
 
 def visible(tool: MCPTool, hidden: set[str], name: str | None = None) -> Tool:
@@ -120,6 +138,7 @@ class MCPEnv(Environment):
         read_only_tools: list[str] | None = None,
         terminal_tools: list[str] | None = None,
         user_tool_prefix: str | None = None,
+        user_tools: list[str] | None = None,
         initialization_tool: str | None = None,
         stateless: bool = False,
         sessions: int = 1,
@@ -136,7 +155,7 @@ class MCPEnv(Environment):
             server=server, include=include, exclude=exclude, hidden_arguments=hidden_arguments, reset_tool=reset_tool,
             state_digest=state_digest, policy=policy, result_path=result_path, write_tools=write_tools,
             read_only_tools=read_only_tools, terminal_tools=terminal_tools, user_tool_prefix=user_tool_prefix,
-            initialization_tool=initialization_tool, stateless=stateless, sessions=sessions,
+            user_tools=user_tools, initialization_tool=initialization_tool, stateless=stateless, sessions=sessions,
             recycle_after=recycle_after, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s,
             fixtures=fixtures).items() if v is not None}
         self.config = MCPConfig.parse(settings)
@@ -262,6 +281,8 @@ class MCPEnv(Environment):
             await target.stage_episode(episode)
         if self.config.reset_tool is not None:
             await self._control(self.config.reset_tool, episode, task, session)
+            if self.config.reset_tool.initializes:
+                return  # the reset tool set the task up (tau2's initial_state) itself
         data = task.params.get("initialization_data")
         if data:
             if self.config.initialization_tool is None:
@@ -277,9 +298,11 @@ class MCPEnv(Environment):
         """The server tool behind `name` on `side` (tau2's env_type / requestor): the user's carry the prefix."""
         if side != "user":
             return name
+        if name in self.config.user_tools:
+            return name
         if self.config.user_tool_prefix is None:
             raise UnrunnableTask(f"task {task.id} calls the user's tool {name!r}, and this server has no user tools "
-                                 "(env_config.user_tool_prefix)")
+                                 "(env_config.user_tools or user_tool_prefix)")
         return self.config.user_tool_prefix + name
 
     async def _setup_call(self, name: str, arguments: dict[str, Any], what: str, episode: str, task: Task,
@@ -294,13 +317,13 @@ class MCPEnv(Environment):
             raise EnvError(f"{what} {name} of task {task.id} failed: {self._text(result)[:300]}")
 
     def user_tools(self) -> list[Tool]:
-        """The simulated user's tools (`user_tool_prefix`), under their own names, hidden arguments removed."""
-        prefix = self.config.user_tool_prefix
-        if prefix is None or self._pool is None:
+        """The simulated user's tools (`user_tools`, `user_tool_prefix`), under their own names, hidden arguments
+        removed."""
+        if self._pool is None:
             return []
         hidden = set(self.config.hidden_arguments)
-        return [visible(t, hidden, t.name.removeprefix(prefix)) for t in self._pool.tools
-                if t.name.startswith(prefix) and t.name not in self.config.exclude]
+        return [visible(t, hidden, own) for t in self._pool.tools
+                if (own := user_tool_name(self.config, t.name)) is not None and t.name not in self.config.exclude]
 
     async def _user_act(self, name: str, arguments: dict[str, Any]) -> str:
         """A user tool call on the episode's world (recorded for the criteria like the agent's, by its own name)."""
@@ -356,7 +379,8 @@ class MCPEnv(Environment):
         session = session or self._session
         if session is None:
             raise RuntimeError("call reset(task) first")
-        hidden = bind(self.config.hidden_arguments, episode=episode, task=task.id, tmpdir=session.tmpdir)
+        hidden = bind(self.config.hidden_arguments, episode=episode, task=task.id, tmpdir=session.tmpdir,
+                      task_id=source_id(task))
         tool = self._listed.get(name)
         extra = {k: v for k, v in hidden.items() if _takes(tool, k)}
         return await session.call(name, {**arguments, **extra}, self.config.call_timeout_s)
@@ -364,7 +388,7 @@ class MCPEnv(Environment):
     async def _control(self, spec: ToolCallConfig, episode: str, task: Task, session: ServerSession | None = None) -> str:
         """Call a tool the environment uses itself (reset, digest); its failure is the world's failure."""
         tmpdir = (session or self._session).tmpdir if (session or self._session) is not None else None
-        arguments = bind(spec.arguments, episode=episode, task=task.id, tmpdir=tmpdir)
+        arguments = bind(spec.arguments, episode=episode, task=task.id, tmpdir=tmpdir, task_id=source_id(task))
         try:
             result = await self._call(spec.name, arguments, episode, task, session)
         except MCPError as exc:
@@ -379,7 +403,7 @@ class MCPEnv(Environment):
             return await self._control(spec.tool, episode, task, session)
         session = session or self._session
         assert session is not None
-        fill = lambda v: bind(v, episode=episode, task=task.id, tmpdir=session.tmpdir)  # noqa: E731
+        fill = lambda v: bind(v, episode=episode, task=task.id, tmpdir=session.tmpdir, task_id=source_id(task))  # noqa: E731
         timeout_s = self.config.call_timeout_s
         if spec.command is not None:
             return await run_digest_command(fill(spec.command), session.tmpdir, timeout_s)
@@ -433,9 +457,10 @@ class MCPEnv(Environment):
         `assert_value`. Unchecked where the server lacks one of them (named)."""
         results = []
         for a in task.goal.get("env_assertions") or []:
-            name = a["name"] if a.get("side") != "user" or self.config.user_tool_prefix is None \
-                else self.config.user_tool_prefix + a["name"]
-            if name not in self._listed or (a.get("side") == "user" and self.config.user_tool_prefix is None):
+            user_side = a.get("side") == "user"
+            has_user_tools = self.config.user_tool_prefix is not None or a["name"] in self.config.user_tools
+            name = self.side_tool(a["name"], "user", task) if user_side and has_user_tools else a["name"]
+            if name not in self._listed or (user_side and not has_user_tools):
                 return {"passed": None, "unchecked": True, "note": f"the server has no assertion tool {name!r}"}
             try:
                 result = await self._call(name, a.get("arguments") or {}, self.episode_key, task)

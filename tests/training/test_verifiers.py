@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.fake_server import Fault, FakeServer, Rule
+from backends.fake_server import Fault, FakeServer, Rule, ToolCallAnswer
 from schemas.store import Dataset
 from tests.conftest import REPO
 from tests.generators.test_rollout import RetailScript, _first_user, _retail_tasks
@@ -111,3 +112,66 @@ def test_load_environment_builds_the_env_and_a_missing_config_is_one_line(tmp_pa
     assert lines[0].split() == ["TrajforgeEnv", *(t.id for t in _retail_tasks(2))]
     assert f"{missing}: no such file (a trajforge rollout config)" in done.stdout + done.stderr
     assert lines[-1] == "exit 1" and "Traceback" not in done.stdout + done.stderr
+
+
+# ---- beyond retail: a PyPI MCP server, a MiniWoB page ------------------------------------------------------------
+
+
+def _agent(first_call):
+    """An agent that makes `first_call(body)` (a ToolCallAnswer) once, then tells the user it is done."""
+
+    def answer(body: dict):
+        if any(m.get("role") == "tool" for m in body["messages"]):
+            return "Done."
+        return first_call(body)
+
+    return answer
+
+
+def _vf_eval(tmp_path, config: dict, agent) -> list[dict]:
+    path = tmp_path / "world.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with FakeServer(rules=[Rule(fn=agent)]) as server:
+        done = _run([str(_verifiers_bin() / "vf-eval"), "trajforge-verifiers", "--env.taskset.config", str(path),
+                     "--env.taskset.trajforge", TRAJFORGE, "--env.taskset.rollouts", str(tmp_path / "rollouts"),
+                     "-m", "fake-model", "--client.base-url", server.base_url, "--client.api-key-var",
+                     "FAKE_SERVER_KEY", "--no-push", "--no-rich", "-n", "1", "-r", "1", "-o", str(tmp_path / "runs")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    [traces_file] = (tmp_path / "runs").glob("*/traces.jsonl")
+    return [json.loads(line) for line in traces_file.read_text().splitlines()]
+
+
+def test_vf_eval_on_a_pypi_mcp_server(tmp_path):
+    """tau2-bench's mock domain from PyPI (`tau2-mock-mcp-eval`, its own venv), the server setting the task up."""
+    venv = server_venv("tau2-mock")
+    config = {"env": "mcp", "user": {"kind": "none"}, "max_steps": 3, "llm": {"temperature": 0.0},
+              "tasks": {"source": "tau2", "path": "pkg://tau2_mock_mcp/data/tasks.json", "ids": ["tau2-create_task_1"]},
+              "env_config": {"server": {"command": ["tau2-mock-mcp"], "venv": str(venv), "handshake": "legacy",
+                                        "env": {"TAU2_MOCK_MCP_STATE_DIR": "{tmpdir}"}},
+                             "hidden_arguments": {"state_key": "trajforge/{episode}"}, "exclude": ["get_call_log"],
+                             "reset_tool": {"name": "reset_state", "initializes": True,
+                                            "arguments": {"task_id": "{task_id}", "state_key": "trajforge/{episode}"}}}}
+    agent = _agent(lambda body: ToolCallAnswer("create_task", {"user_id": "user_1", "title": "Important Meeting"}))
+    [episode] = _vf_eval(tmp_path, config, agent)
+    [trace] = episode["traces"]
+    assert episode["ok"] and trace["rewards"] == {"env_reward": {"score": 1.0, "weight": 1.0}}, trace["errors"]
+    [record] = list(Dataset.open(trace["info"]["trajforge"]["dataset"]).iter_records())
+    assert [s.function for s in record.steps if s.kind == "api"] == ["create_task"] and record.reward == 1.0
+
+
+def test_vf_eval_on_a_miniwob_page(tmp_path):
+    """A MiniWoB page in Chromium: the agent clicks the button the page asks for; the page's own reward."""
+    config = {"env": "browser", "env_config": {"observe": ["axtree"], "actions": ["click"]}, "max_steps": 2,
+              "llm": {"temperature": 0.0}, "tasks": {"source": "miniwob",
+                                                      "options": {"tasks": ["click-button"], "seeds": 1}}}
+
+    def click(body):
+        page = "\n".join(str(m.get("content")) for m in body["messages"])
+        label = re.search(r'Click on the "([^"]+)" button', page).group(1)
+        return ToolCallAnswer("click", {"bid": re.search(r"\[(\w+)\] button '" + re.escape(label) + "'", page).group(1)})
+
+    [episode] = _vf_eval(tmp_path, config, _agent(click))
+    [trace] = episode["traces"]
+    assert episode["ok"] and trace["rewards"] == {"env_reward": {"score": 1.0, "weight": 1.0}}, trace["errors"]
+    [record] = list(Dataset.open(trace["info"]["trajforge"]["dataset"]).iter_records())
+    assert record.id == "rollout/miniwob/click-button/0#0" and record.reward == 1.0

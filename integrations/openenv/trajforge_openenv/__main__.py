@@ -1,0 +1,3 @@
+from trajforge_openenv import main
+
+main()
