@@ -55,7 +55,8 @@ HEAVY_FILES = (
     "filters/test_user_fidelity.py", "backends/test_scoring.py", "training/test_grpo.py",
     "generators/test_step_verify.py", "schemas/test_store.py", "envs/test_tau2_domains.py",
     "backends/test_endpoints.py", "viewer/test_viewer_browser.py", "converters/test_cli_samples.py",
-    "converters/test_atif.py", "envs/test_sandbox.py",
+    "converters/test_atif.py", "envs/test_sandbox.py", "training/test_trl_env.py", "training/test_openenv.py",
+    "backends/test_engine_crash.py", "cli/test_tau2_own_setup.py",
 )
 
 
